@@ -1,0 +1,1 @@
+"""Hot-path kernels (Triton on CUDA, torch on CPU), each with a torch reference."""

@@ -1,0 +1,34 @@
+"""Per-step attention metadata shared by the engine's runner and the kernels.
+
+The runner lays out one flat batch of T new tokens from B sequences, decodes first
+(query length 1), then prefill / chunked-prefill chunks. Every kernel reads this one
+description, so the torch path and the Triton path see exactly the same inputs.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset of each new token
+    block_tables: torch.Tensor  # [B, max_blocks] int32, rows padded with 0
+    seq_lens: torch.Tensor  # [B] int32: context length of each sequence after this step
+    query_start_loc: torch.Tensor  # [B + 1] int32: offsets of each sequence's new tokens
+    query_lens: list[int]  # host copies, so CPU paths never sync on tensors
+    seq_lens_host: list[int]
+    num_decodes: int  # the first num_decodes sequences have query length 1
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens, default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_host, default=0)

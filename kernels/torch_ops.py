@@ -1,0 +1,153 @@
+"""Fast torch implementations of the hot-path ops, used on CPU (and as the fallback).
+
+Decode attention is one batched SDPA over K/V gathered through the block tables;
+prefill chunks are one SDPA each (there are few per step). The causal rule for a
+chunk: new token i of a sequence with context length L and q new tokens sits at
+position L - q + i and sees positions 0..L - q + i.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from llmservice.kernels.metadata import AttentionMetadata
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter new K/V rows [T, Hkv, D] into the paged pools [N, bs, Hkv, D]."""
+    num_blocks, block_size, hkv, d = k_cache.shape
+    k_cache.view(num_blocks * block_size, hkv, d).index_copy_(0, slot_mapping, key)
+    v_cache.view(num_blocks * block_size, hkv, d).index_copy_(0, slot_mapping, value)
+
+
+def gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int
+) -> torch.Tensor:
+    """Contiguous [length, Hkv, D] view of one sequence's K or V."""
+    block_size = cache.shape[1]
+    nblocks = (length + block_size - 1) // block_size
+    blocks = cache.index_select(0, block_table[:nblocks].long())
+    return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
+
+
+def _sdpa(q, k, v, scale, mask=None, is_causal=False):
+    # q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D]
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k = k.repeat_interleave(hq // hkv, dim=1)
+        v = v.repeat_interleave(hq // hkv, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens_host: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence: q [B, Hq, D] -> out [B, Hq, D]."""
+    bsz = q.shape[0]
+    block_size = k_cache.shape[1]
+    max_len = max(seq_lens_host)
+    nblocks = (max_len + block_size - 1) // block_size
+    table = block_tables[:bsz, :nblocks].long()
+    hkv, d = k_cache.shape[2], k_cache.shape[3]
+    k = k_cache[table].reshape(bsz, nblocks * block_size, hkv, d)[:, :max_len]
+    v = v_cache[table].reshape(bsz, nblocks * block_size, hkv, d)[:, :max_len]
+    lens = torch.tensor(seq_lens_host, device=q.device)
+    mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [B, L]
+    out = _sdpa(
+        q.unsqueeze(2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        scale,
+        mask=mask[:, None, None, :],
+    )
+    return out.squeeze(2)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's chunk of q_len new tokens q [q_len, Hq, D] over its paged context."""
+    q_len = q.shape[0]
+    k = gather_kv(k_cache, block_table, seq_len).transpose(0, 1).unsqueeze(0)
+    v = gather_kv(v_cache, block_table, seq_len).transpose(0, 1).unsqueeze(0)
+    qq = q.transpose(0, 1).unsqueeze(0)
+    if q_len == seq_len:
+        out = _sdpa(qq, k, v, scale, is_causal=True)
+    else:
+        pos_q = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= pos_q[:, None]
+        out = _sdpa(qq, k, v, scale, mask=mask[None, None])
+    return out.squeeze(0).transpose(0, 1)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention for a mixed batch q [T, Hq, D] laid out as described by `meta`."""
+    out = torch.empty_like(q)
+    nd = meta.num_decodes
+    if nd:
+        out[:nd] = paged_decode_attention(
+            q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens_host[:nd], scale
+        )
+    start = nd
+    for i in range(nd, meta.num_seqs):
+        qlen = meta.query_lens[i]
+        out[start : start + qlen] = paged_prefill_attention(
+            q[start : start + qlen], k_cache, v_cache, meta.block_tables[i], meta.seq_lens_host[i], scale
+        )
+        start += qlen
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    var = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual += x; return (rms_norm(residual), residual). Saves one pass over memory."""
+    residual.add_(x)
+    return rms_norm(residual, weight, eps), residual
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> None:
+    """In-place NeoX-style (rotate-half, HF Llama) rotary on q [T, Hq, D] and k [T, Hkv, D].
+
+    cos_sin_cache is [max_positions, D] = cat(cos, sin) over the D/2 frequencies.
+    """
+    cs = cos_sin_cache.index_select(0, positions)
+    half = cs.shape[-1] // 2
+    cos = cs[:, None, :half].to(q.dtype)
+    sin = cs[:, None, half:].to(q.dtype)
+    for t in (q, k):
+        x1 = t[..., :half].clone()
+        x2 = t[..., half:]
+        t[..., :half] = x1 * cos - x2 * sin
+        t[..., half:] = x2 * cos + x1 * sin

@@ -1,0 +1,153 @@
+"""GGUF reader: metadata, tokenizer material and dequantized weights under HF names.
+
+llama.cpp's converter permutes Llama Q/K rows for its interleaved-pair rotary; we undo
+that so the model can use the HF (rotate-half) rotary for both GGUF and safetensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from llmservice.server.model.config import ModelConfig
+from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+SUPPORTED_QUANTS = {
+    GGMLQuantizationType.F32,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q8_0,
+}
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's convert permute: pairs (0,1),(2,3).. back to halves."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def dequantize_tensor(data: np.ndarray, qtype: GGMLQuantizationType, name: str, path: Path) -> np.ndarray:
+    if qtype not in SUPPORTED_QUANTS:
+        raise UnsupportedModelError(
+            f"{path}: tensor {name!r} uses GGML type {qtype.name}, which is not supported "
+            f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_QUANTS))})"
+        )
+    return dequantize(data, qtype)
+
+
+def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModelError(
+            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
+    g: Callable = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    n_heads = int(g("attention.head_count"))
+    hidden = int(g("embedding_length"))
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    names = {t.name for t in reader.tensors}
+    scaling = None
+    scaling_type = g("rope.scaling.type")
+    if scaling_type and scaling_type != "none":
+        scaling = {"rope_type": scaling_type, "factor": float(g("rope.scaling.factor", 1.0))}
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    eos_ids = [int(x) for x in (eos, eot) if x is not None]
+    return ModelConfig(
+        architecture=arch,
+        num_layers=int(g("block_count")),
+        hidden_size=hidden,
+        num_heads=n_heads,
+        num_kv_heads=int(g("attention.head_count_kv", n_heads)),
+        head_dim=int(g("attention.key_length", hidden // n_heads)),
+        intermediate_size=int(g("feed_forward_length")),
+        vocab_size=int(g("vocab_size", len(tokens))),
+        rope_theta=float(g("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        max_position_embeddings=int(g("context_length", 2048)),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=sorted(set(eos_ids)),
+        name=str(_field(reader, "general.name", path.stem)),
+    )
+
+
+def read_tokenizer(reader: GGUFReader) -> TokenizerSource:
+    return TokenizerSource(
+        tokens=list(_field(reader, "tokenizer.ggml.tokens") or []),
+        merges=list(_field(reader, "tokenizer.ggml.merges") or []),
+        token_types=[int(t) for t in (_field(reader, "tokenizer.ggml.token_type") or [])],
+        pre=str(_field(reader, "tokenizer.ggml.pre", "")),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+def load_gguf(path: Path, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+    reader = GGUFReader(path)
+    config = read_config(reader, path)
+    weights: dict[str, torch.Tensor] = {}
+    total = len(reader.tensors)
+    for i, t in enumerate(reader.tensors):
+        name = hf_name(t.name)
+        if name is None:
+            continue  # e.g. rope_freqs: recomputed from metadata
+        qtype = GGMLQuantizationType(t.tensor_type)
+        array = dequantize_tensor(t.data, qtype, t.name, path)
+        tensor = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+        if config.architecture in ("llama", "mistral"):
+            if t.name.endswith("attn_q.weight") or t.name.endswith("attn_q.bias"):
+                tensor = unpermute_qk(tensor, config.num_heads)
+            elif t.name.endswith("attn_k.weight") or t.name.endswith("attn_k.bias"):
+                tensor = unpermute_qk(tensor, config.num_kv_heads)
+        weights[name] = tensor.to(dtype)
+        if progress:
+            progress(i + 1, total)
+    return LoadedModel(config=config, weights=weights, tokenizer=read_tokenizer(reader), path=path)
