@@ -1,0 +1,50 @@
+"""`llmservice` command line: serve, demo, bench, operator."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Offline generation: answer one chat prompt and print the speed."""
+    from llmservice.server.config import EngineConfig
+    from llmservice.server.engine.engine import LLMEngine
+    from llmservice.server.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=args.model, max_model_len=2048))
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    t0 = time.perf_counter()
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=args.max_tokens))[0]
+    dt = time.perf_counter() - t0
+    print(f"Q: {args.prompt}\nA: {out.text}")
+    print(f"{len(out.token_ids)} tokens in {dt:.2f} s = {len(out.token_ids) / dt:.1f} tok/s")
+    return 0
+
+
+def _operator(argv: list[str]) -> int:
+    from llmservice.operator.cli import main as operator_main
+
+    return operator_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "operator":
+        return _operator(argv[1:])
+    parser = argparse.ArgumentParser(prog="llmservice")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="offline generation demo on the embedded model")
+    demo.add_argument("model", nargs="?", default="builtin:smollm2-135m")
+    demo.add_argument("--prompt", default="What is the capital of France?")
+    demo.add_argument("--max-tokens", type=int, default=64)
+    sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

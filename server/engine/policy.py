@@ -1,0 +1,57 @@
+"""Scheduling policy as pure functions: who is admitted next, who is preempted.
+
+fcfs: earliest arrival first; the preemption victim is the latest arrival.
+priority (vLLM semantics): lower value first, arrival breaks ties; the victim is the
+  highest value (latest arrival among equals). Aging prevents starvation: a waiting
+  request's effective priority is `priority - aging_per_s * seconds_waited`, so a
+  priority-10 request waiting 10 s (at the default 1.0/s) competes as a fresh
+  priority-0 request and wins after that.
+max_queue_delay_ms (seed 003's T_max): a request that has waited longer than this is
+  admitted before every request that has not, oldest first, whatever the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from llmservice.server.engine.request import Request
+
+
+def effective_priority(req: Request, now: float, aging_per_s: float) -> float:
+    return req.priority - aging_per_s * max(0.0, now - req.arrival_time)
+
+
+def admission_key(
+    req: Request,
+    now: float,
+    policy: str,
+    aging_per_s: float = 1.0,
+    max_queue_delay_ms: float | None = None,
+) -> tuple:
+    """Sort key for waiting requests: smallest is admitted first."""
+    if max_queue_delay_ms is not None and (now - req.arrival_time) * 1000.0 > max_queue_delay_ms:
+        return (0, 0.0, req.arrival_time)
+    if policy == "priority":
+        return (1, effective_priority(req, now, aging_per_s), req.arrival_time)
+    return (1, 0.0, req.arrival_time)
+
+
+def next_to_admit(
+    waiting: Iterable[Request],
+    now: float,
+    policy: str,
+    aging_per_s: float = 1.0,
+    max_queue_delay_ms: float | None = None,
+) -> Request | None:
+    return min(
+        waiting,
+        key=lambda r: admission_key(r, now, policy, aging_per_s, max_queue_delay_ms),
+        default=None,
+    )
+
+
+def pick_victim(running: list[Request], policy: str) -> Request:
+    """The running request to preempt when KV blocks run out."""
+    if policy == "priority":
+        return max(running, key=lambda r: (r.priority, r.arrival_time))
+    return max(running, key=lambda r: r.arrival_time)

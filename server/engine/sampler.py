@@ -1,0 +1,55 @@
+"""Turn logits into tokens: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+
+Seeded requests draw from a generator seeded by (seed, output position), so their
+samples do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmservice.server.engine.request import Request, TokenLogprob
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        cum = probs.cumsum(-1)
+        remove = cum - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
+    return logits
+
+
+class Sampler:
+    def __init__(self, seed: int = 0):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[tuple[int, TokenLogprob | None]]:
+        logits = logits.float().cpu()
+        tokens = logits.argmax(dim=-1).tolist()
+        results: list[tuple[int, TokenLogprob | None]] = []
+        for row, req in enumerate(requests):
+            sp = req.sampling_params
+            token = tokens[row]
+            if not sp.greedy:
+                scaled = _filter_top_k_top_p(logits[row] / sp.temperature, sp.top_k, sp.top_p)
+                probs = scaled.softmax(-1)
+                gen = self.generator
+                if sp.seed is not None:
+                    gen = torch.Generator().manual_seed(hash((sp.seed, req.num_output_tokens)) & (2**63 - 1))
+                token = int(torch.multinomial(probs, 1, generator=gen).item())
+            lp = None
+            if sp.logprobs is not None:
+                logp = logits[row].log_softmax(-1)
+                top = []
+                if sp.logprobs > 0:
+                    values, ids = torch.topk(logp, sp.logprobs)
+                    top = list(zip(ids.tolist(), values.tolist(), strict=True))
+                lp = TokenLogprob(token_id=token, logprob=float(logp[token]), top=top)
+            results.append((token, lp))
+        return results
