@@ -1,0 +1,111 @@
+"""Paged prefill / extend attention (Triton, interpreter on CPU) against the fp64 reference.
+
+Batches mix decodes (first) with prefill chunks: fresh prompts (query_len == seq_len)
+and chunks on top of cached prefixes (query_len < seq_len), as chunked prefill and
+prefix-cache hits produce. The kernel must write exactly the prefill rows.
+"""
+
+import pytest
+import torch
+
+from llmservice.kernels import reference
+from llmservice.kernels.random_batch import make_paged_batch
+from llmservice.kernels.triton_prefill import paged_prefill_attention
+
+# (query_len, seq_len): two decodes, a fresh odd-length prompt, chunks over cached prefixes
+MIXED = [(1, 1), (1, 129), (7, 7), (20, 129), (5, 1000)]
+
+
+def run_prefill(
+    seqs,
+    *,
+    block_size=16,
+    num_kv_heads=2,
+    group=3,
+    head_dim=64,
+    dtype=torch.float32,
+    block_m=None,
+    block_n=None,
+    device="cpu",
+    seed=0,
+):
+    batch = make_paged_batch(
+        seqs,
+        num_kv_heads=num_kv_heads,
+        group=group,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+    )
+    meta = batch.meta
+    nd = meta.num_decodes
+    out = torch.full_like(batch.q, float("nan"))
+    paged_prefill_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        batch.scale,
+        max_query_len=max(meta.query_lens[nd:]),
+        first_seq=nd,
+        out=out,
+        block_m=block_m,
+        block_n=block_n,
+    )
+    ref = reference.paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        meta.block_tables,
+        meta.seq_lens_host,
+        meta.query_lens,
+        batch.scale,
+    )
+    assert torch.isnan(out[:nd]).all(), "decode rows belong to the decode kernel"
+    reference.assert_close(out[nd:], ref[nd:], dtype)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
+def test_mixed_batch_every_block_size(block_size, device):
+    run_prefill(MIXED, block_size=block_size, device=device, seed=block_size)
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gqa_ratios_and_head_dims(group, head_dim, device):
+    run_prefill(
+        [(1, 7), (9, 9), (3, 40)], group=group, num_kv_heads=1, head_dim=head_dim, device=device
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(dtype, device):
+    run_prefill([(1, 33), (17, 17), (6, 70)], dtype=dtype, device=device)
+
+
+def test_small_tiles_cross_the_causal_diagonal(device):
+    # 16x16 tiles: many query tiles per chunk, prefix lengths that are not tile multiples,
+    # so unmasked tiles, diagonal tiles and skipped tiles all occur
+    run_prefill([(1, 100), (37, 37), (45, 61), (16, 16)], block_m=16, block_n=16, device=device)
+
+
+def test_tile_size_not_a_multiple_of_block_size(device):
+    run_prefill([(23, 71), (40, 40)], block_size=32, block_m=16, block_n=16, device=device)
+    run_prefill([(23, 71), (40, 40)], block_size=8, block_m=32, block_n=32, device=device)
+
+
+def test_only_decodes_writes_nothing(device):
+    batch = make_paged_batch(
+        [(1, 5)], num_kv_heads=1, group=1, head_dim=64, block_size=8, device=device
+    )
+    out = torch.full_like(batch.q, float("nan"))
+    meta = batch.meta
+    paged_prefill_attention(
+        batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens,
+        meta.query_start_loc, batch.scale, max_query_len=1, first_seq=1, out=out,
+    )  # fmt: skip
+    assert torch.isnan(out).all()
