@@ -1,0 +1,67 @@
+"""`llmservice operator`: run the kopf operator with this project's handlers.
+
+A thin wrapper over `kopf run` (kopf.run) that adds the operator-wide settings a Helm
+chart sets, e.g. `--max-gpu-memory-utilization` to lower the VRAM ceiling below 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import kopf
+from llmservice.operator.handlers import register
+from llmservice.operator.reconcile import Options
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="llmservice operator", description="Run the LLMService operator (kopf)."
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="namespace to serve (repeatable)"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="serve the whole cluster"
+    )
+    p.add_argument(
+        "--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    p.add_argument(
+        "--max-gpu-memory-utilization",
+        type=float,
+        default=0.95,
+        help="cluster-wide ceiling on spec.resources.gpuMemoryUtilization, in [0.5, 0.95]",
+    )
+    p.add_argument("--peering", metavar="NAME", help="kopf peering name (default: standalone)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-d", "--debug", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if not 0.5 <= args.max_gpu_memory_utilization <= 0.95:
+        p.error("--max-gpu-memory-utilization must lie in [0.5, 0.95]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    options = Options(
+        max_gpu_memory_utilization=args.max_gpu_memory_utilization,
+    )
+    registry = kopf.OperatorRegistry()
+    register(registry, options)
+    kopf.configure(verbose=args.verbose, debug=args.debug, quiet=args.quiet)
+    kopf.run(
+        registry=registry,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        namespaces=args.namespace,
+        clusterwide=args.all_namespaces or not args.namespace,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""kopf wiring: which events call which function. No decisions live here.
+
+`register()` builds the handlers into a registry with the operator's options baked in
+(the status timer's interval is a decoration-time value), so the CLI and tests can run
+differently configured operators without import-time globals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from llmservice.operator import kube as k
+from llmservice.operator import reconcile as rc
+from llmservice.operator.publish import StatusPublisher
+from llmservice.operator.render import FIELD_MANAGER, LABEL_SERVICE
+from llmservice.operator.spec import GROUP, PLURAL, VERSION
+from llmservice.operator.status import deployment_view, pod_view
+
+CHILD_LABELS = {LABEL_SERVICE: kopf.PRESENT, "app.kubernetes.io/managed-by": FIELD_MANAGER}
+
+
+def _emitter(body: kopf.Body) -> rc.Emit:
+    def emit(type_: str, reason: str, message: str) -> None:
+        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+
+    return emit
+
+
+def _temporary(exc: k.ApiError) -> Exception:
+    """Conflicts and server errors retry soon; a rejected manifest will not fix itself."""
+    if exc.status in (409, 429) or exc.status >= 500 or exc.status == 0:
+        return kopf.TemporaryError(str(exc), delay=2)
+    return kopf.PermanentError(str(exc))
+
+
+def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
+    kube_holder: dict[str, k.Kube] = {}
+
+    def kube() -> k.Kube:
+        if "kube" not in kube_holder:
+            kube_holder["kube"] = k.Kube()
+        return kube_holder["kube"]
+
+    publisher = StatusPublisher(kube, options)
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A fresh registry has none of kopf's implicit login handlers: use the same
+        # kubeconfig / in-cluster credentials the `kubernetes` client loads.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(id="configure", registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        k.load_config()
+        # Keep kopf's bookkeeping in annotations under our group, not in our status.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration"
+        )
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        # Only our own Events (kopf.event) and real warnings reach `kubectl describe`.
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 30
+
+    @kopf.index(GROUP, VERSION, PLURAL, id="llms", registry=registry)
+    def llms(namespace: str, name: str, body: kopf.Body, **_: Any) -> Any:
+        return {(namespace, name): dict(body)}
+
+    @kopf.index(
+        "apps", "v1", "deployments", id="llms_deployments", labels=CHILD_LABELS, registry=registry
+    )
+    def llms_deployments(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> Any:
+        return {(namespace, labels[LABEL_SERVICE]): deployment_view(dict(body))}
+
+    @kopf.index("", "v1", "pods", id="llms_pods", labels=CHILD_LABELS, registry=registry)
+    def llms_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> Any:
+        return {(namespace, labels[LABEL_SERVICE]): pod_view(dict(body))}
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    def reconcile(body: kopf.Body, meta: kopf.Meta, llms_pods: kopf.Index, **_: Any) -> None:
+        raw, emit = dict(body), _emitter(body)
+        try:
+            outcome = rc.reconcile(raw, kube(), options, emit)
+            pods = llms_pods.get((meta["namespace"], meta["name"]), [])
+            publisher.publish(raw, outcome.deployment, pods, emit, meta.get("generation"))
+        except k.ApiError as exc:
+            raise _temporary(exc) from exc
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
+    def forget(namespace: str, name: str, **_: Any) -> None:
+        publisher.forget(namespace, name)  # the children go by ownerReference cascade
+
+    @kopf.on.event(
+        "apps", "v1", "deployments", id="deployment-changed", labels=CHILD_LABELS, registry=registry
+    )
+    @kopf.on.event("", "v1", "pods", id="pod-changed", labels=CHILD_LABELS, registry=registry)
+    def child_changed(
+        namespace: str,
+        labels: dict[str, str],
+        llms: kopf.Index,
+        llms_deployments: kopf.Index,
+        llms_pods: kopf.Index,
+        **_: Any,
+    ) -> None:
+        key = (namespace, labels[LABEL_SERVICE])
+        for raw in list(llms.get(key, [])):
+            deployments = list(llms_deployments.get(key, []))
+            deployment = deployments[0] if deployments else None
+            emit = _emitter(kopf.Body(raw))
+            try:
+                if rc.needs_repair(raw, options, deployment):
+                    # Our Deployment was deleted or scaled behind our back: spec.replicas rules.
+                    deployment = rc.reconcile(raw, kube(), options, emit).deployment
+                publisher.publish(raw, deployment, llms_pods.get(key, []), emit)
+            except k.ApiError as exc:
+                logging.getLogger(__name__).warning("status of %s/%s: %s", *key, exc)

@@ -1,0 +1,168 @@
+"""Make the cluster match one LLMService: fit check, render, apply children, report.
+
+The decisions (does it fit, what the children look like, what the status says) are
+pure functions in vram.py, render.py and status.py; this module only sequences them
+with API calls and says what happened through the `emit` callback (Events).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from llmservice.operator import render as r
+from llmservice.operator.kube import Kube, path_for
+from llmservice.operator.spec import LLMServiceSpec
+from llmservice.operator.status import (
+    CAPACITY_PENDING,
+    DEGRADED,
+    READY,
+    DeploymentView,
+    PodView,
+    StatusUpdate,
+    compute_status,
+    deployment_view,
+)
+from llmservice.operator.vram import FitResult, check_fit
+
+Emit = Callable[[str, str, str], None]  # (type Normal|Warning, reason, message)
+
+PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "ServiceMonitor": "servicemonitors",
+}
+SERVICE_MONITOR_API = "monitoring.coreos.com/v1"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Operator-wide settings (CLI flags / Helm values)."""
+
+    max_gpu_memory_utilization: float = 0.95
+
+
+@dataclass(frozen=True)
+class Outcome:
+    fit: FitResult
+    applied: bool
+    deployment: DeploymentView | None
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def owner_of(body: dict[str, Any]) -> r.Owner:
+    meta = body["metadata"]
+    return r.Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+def child_path(manifest: dict[str, Any]) -> str:
+    meta = manifest["metadata"]
+    return path_for(
+        manifest["apiVersion"], PLURALS[manifest["kind"]], meta["namespace"], meta["name"]
+    )
+
+
+def apply_child(kube: Kube, manifest: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    """Server-side apply one child; emit Created / Updated / Scaled when something changed."""
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    path = child_path(manifest)
+    before = kube.get(path)
+    after = kube.apply(path, manifest, r.FIELD_MANAGER)
+    if before is None:
+        emit("Normal", "Created", f"Created {kind} {name}")
+        return after
+    old_spec, new_spec = before.get("spec", {}), after.get("spec", {})
+    if kind == "Deployment":
+        old_n, new_n = old_spec.get("replicas"), new_spec.get("replicas")
+        if old_n != new_n:
+            emit("Normal", "Scaled", f"Scaled Deployment {name} from {old_n} to {new_n} replicas")
+        if old_spec.get("template") != new_spec.get("template"):
+            emit(
+                "Normal",
+                "Updated",
+                f"Updated Deployment {name}: rolling out generation "
+                f"{after.get('metadata', {}).get('generation')}",
+            )
+    elif old_spec != new_spec:
+        emit("Normal", "Updated", f"Updated {kind} {name}")
+    return after
+
+
+def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) -> Outcome:
+    """Apply what the spec asks for, unless the VRAM check refuses it."""
+    owner = owner_of(body)
+    spec = LLMServiceSpec.from_dict(body["spec"])
+    fit = check_fit(spec, options.max_gpu_memory_utilization)
+    deployment_path = path_for("apps/v1", "deployments", owner.namespace, owner.name)
+    if fit.refuses_rollout:
+        emit("Warning", "VRAMRefused", f"Not rolling out: {fit.message}")
+        current = kube.get(deployment_path)
+        return Outcome(fit, False, deployment_view(current) if current else None)
+    manifests = r.render(
+        owner,
+        spec,
+        max_gpu_memory_utilization=options.max_gpu_memory_utilization,
+        with_service_monitor=kube.has_resource(SERVICE_MONITOR_API, "servicemonitors"),
+    )
+    applied = {m["kind"]: apply_child(kube, m, emit) for m in manifests.all()}
+    if manifests.pdb is None:
+        pdb_path = path_for("policy/v1", "poddisruptionbudgets", owner.namespace, owner.name)
+        if kube.delete(pdb_path) is not None:
+            emit("Normal", "Deleted", f"Deleted PodDisruptionBudget {owner.name} (replicas <= 1)")
+    return Outcome(fit, True, deployment_view(applied["Deployment"]))
+
+
+def needs_repair(body: dict[str, Any], options: Options, deployment: DeploymentView | None) -> bool:
+    """Was our Deployment deleted or scaled behind our back since the last reconcile?"""
+    if (body.get("status") or {}).get("observedGeneration") != body["metadata"].get("generation"):
+        return False  # a reconcile for this generation is still due; it will apply anyway
+    spec = LLMServiceSpec.from_dict(body["spec"])
+    if check_fit(spec, options.max_gpu_memory_utilization).refuses_rollout:
+        return False
+    return deployment is None or deployment.spec_replicas != spec.replicas
+
+
+def status_for(
+    body: dict[str, Any],
+    options: Options,
+    deployment: DeploymentView | None,
+    pods: Iterable[PodView],
+) -> StatusUpdate:
+    """The status this object should carry given what is observed right now."""
+    owner = owner_of(body)
+    spec = LLMServiceSpec.from_dict(body["spec"])
+    return compute_status(
+        generation=int(body["metadata"].get("generation", 1)),
+        desired_replicas=spec.replicas,
+        fit=check_fit(spec, options.max_gpu_memory_utilization),
+        deployment=deployment,
+        pods=list(pods),
+        previous=body.get("status"),
+        now=now(),
+        selector=r.selector_string(owner.name),
+        endpoint=r.endpoint(owner),
+    )
+
+
+# Which condition changes deserve an Event, and of which type.
+EVENTFUL = {
+    (READY, "True"): "Normal",
+    (DEGRADED, "True"): "Warning",
+    (DEGRADED, "False"): "Normal",
+    (CAPACITY_PENDING, "True"): "Warning",
+    (CAPACITY_PENDING, "False"): "Normal",
+}
+
+
+def emit_transitions(update: StatusUpdate, emit: Emit) -> None:
+    for t in update.transitions:
+        kind = EVENTFUL.get((t.type, t.status))
+        if kind is not None and (t.status == "True" or t.previous == "True"):
+            reason = t.type if t.status == "True" else f"{t.type}Resolved"
+            emit(kind, reason, t.message)

@@ -1,0 +1,333 @@
+"""LLMService spec -> the child manifests (Deployment, Service, PDB, ServiceMonitor). Pure.
+
+Everything the pods do is decided here, from the spec alone, so golden files can pin it:
+the server's exact CLI flags, GPU limits and tolerations, probes patient enough for a
+model load, a grace period longer than the server's drain, a non-root security context,
+and a rollout that never takes a serving pod down before its replacement is ready.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from llmservice.operator.spec import API_VERSION, KIND, LLMServiceSpec
+
+PORT = 8000
+CONTAINER = "server"
+MODELS_MOUNT = "/models"
+CACHE_MOUNT = "/models-cache"
+FIELD_MANAGER = "llmservice-operator"
+LABEL_SERVICE = "llmservice.dev/service"  # value: the LLMService name, on every child
+SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The LLMService a set of children belongs to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Manifests:
+    deployment: dict[str, Any]
+    service: dict[str, Any]
+    pdb: dict[str, Any] | None
+    service_monitor: dict[str, Any] | None
+
+    def all(self) -> list[dict[str, Any]]:
+        return [m for m in (self.deployment, self.service, self.pdb, self.service_monitor) if m]
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "llmservice", "app.kubernetes.io/instance": name}
+
+
+def selector_string(name: str) -> str:
+    """The pod selector as `kubectl get -l` and the scale subresource want it."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        **selector_labels(name),
+        "app.kubernetes.io/component": "server",
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        LABEL_SERVICE: name,
+    }
+
+
+def endpoint(owner: Owner) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{PORT}/v1"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def render(
+    owner: Owner,
+    spec: LLMServiceSpec,
+    *,
+    max_gpu_memory_utilization: float = 0.95,
+    with_service_monitor: bool = False,
+) -> Manifests:
+    return Manifests(
+        deployment=render_deployment(owner, spec, max_gpu_memory_utilization),
+        service=render_service(owner),
+        pdb=render_pdb(owner) if spec.replicas > 1 else None,
+        service_monitor=render_service_monitor(owner) if with_service_monitor else None,
+    )
+
+
+def _metadata(owner: Owner) -> dict[str, Any]:
+    return {
+        "name": owner.name,
+        "namespace": owner.namespace,
+        "labels": labels(owner.name),
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def model_argument(spec: LLMServiceSpec) -> tuple[str, list[str]]:
+    """The MODEL positional of `llmservice serve` and any flags the source needs."""
+    source = spec.model.source
+    if source.startswith("pvc://"):
+        _, _, path = source.removeprefix("pvc://").partition("/")
+        return f"{MODELS_MOUNT}/{path}".rstrip("/"), []
+    if source.startswith("hf://"):
+        return source, ["--download-dir", CACHE_MOUNT]
+    return source, []
+
+
+def server_args(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> list[str]:
+    """`llmservice serve` arguments; flag names are vLLM's (server/cli.py)."""
+    e = spec.engine
+    model, source_flags = model_argument(spec)
+
+    def switch(flag: str, on: bool) -> str:
+        return f"--{flag}" if on else f"--no-{flag}"
+
+    utilization = min(spec.resources.gpu_memory_utilization, max_utilization)
+    args = [
+        "serve",
+        model,
+        "--served-model-name", spec.model.served_name or owner.name,
+        "--host", "0.0.0.0",
+        "--port", str(PORT),
+        "--block-size", str(e.block_size),
+        "--max-model-len", str(e.max_model_len),
+        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+        "--max-num-seqs", str(e.max_num_seqs),
+        switch("enable-prefix-caching", e.enable_prefix_caching),
+        switch("enable-chunked-prefill", e.enable_chunked_prefill),
+        "--preemption-mode", e.preemption_mode,
+        "--swap-space", _fmt(e.swap_space_gib),
+        "--gpu-memory-utilization", _fmt(utilization),
+        "--scheduling-policy", e.scheduling_policy,
+        "--dtype", e.dtype,
+        "--max-waiting-requests", str(e.max_waiting_requests),
+        "--shutdown-grace-seconds", str(e.shutdown_grace_seconds),
+        "--tensor-parallel-size", str(e.tensor_parallel_size),
+    ]  # fmt: skip
+    if e.kv_cache_memory_gib is not None:
+        args += ["--kv-cache-memory-gib", _fmt(e.kv_cache_memory_gib)]
+    if e.max_queue_delay_ms is not None:
+        args += ["--max-queue-delay-ms", str(e.max_queue_delay_ms)]
+    return args + source_flags + list(e.extra_args)
+
+
+def _volumes(spec: LLMServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    source = spec.model.source
+    if source.startswith("pvc://"):
+        claim = source.removeprefix("pvc://").partition("/")[0]
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+        mounts.append({"name": "model", "mountPath": MODELS_MOUNT, "readOnly": True})
+    elif source.startswith("hf://"):
+        if spec.model.cache_claim_name:
+            cache: dict[str, Any] = {
+                "persistentVolumeClaim": {"claimName": spec.model.cache_claim_name}
+            }
+        else:
+            cache = {"emptyDir": {"sizeLimit": spec.model.cache_size}}
+        volumes.append({"name": "models-cache", **cache})
+        mounts.append({"name": "models-cache", "mountPath": CACHE_MOUNT})
+    return volumes, mounts
+
+
+def _env(spec: LLMServiceSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    if spec.model.source.startswith("hf://"):
+        env.append({"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"})
+        secret = spec.model.hf_token_secret
+        if secret is not None:
+            env.append(
+                {
+                    "name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
+                }
+            )
+    env += [{"name": name, "value": value} for name, value in spec.engine.env]
+    return env
+
+
+def _resources(spec: LLMServiceSpec) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    limits: dict[str, Any] = {"memory": spec.resources.memory}
+    gpus = spec.gpus_per_replica
+    if gpus > 0:
+        requests[spec.resources.gpu.resource_name] = gpus
+        limits[spec.resources.gpu.resource_name] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def render_pod_spec(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> dict[str, Any]:
+    e, sched = spec.engine, spec.scheduling
+    volumes, mounts = _volumes(spec)
+    container = {
+        "name": CONTAINER,
+        "image": e.image,
+        "imagePullPolicy": e.image_pull_policy,
+        "command": ["llmservice"],
+        "args": server_args(owner, spec, max_utilization),
+        "env": _env(spec),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        # The HTTP server starts only once the weights are loaded: give it startupTimeout.
+        "startupProbe": _probe("/health", 10, math.ceil(e.startup_timeout_seconds / 10), 5),
+        "livenessProbe": _probe("/health", 10, 3, 5),
+        "readinessProbe": _probe("/ready", 5, 2, 3),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    tolerations: list[dict[str, Any]] = []
+    if spec.gpus_per_replica > 0:
+        tolerations.append(
+            {"key": spec.resources.gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}
+        )
+    tolerations += list(sched.tolerations)
+    pod: dict[str, Any] = {
+        # Above the server's drain so in-flight requests finish before SIGKILL.
+        "terminationGracePeriodSeconds": e.shutdown_grace_seconds + 15,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if sched.node_selector:
+        pod["nodeSelector"] = dict(sched.node_selector)
+    if sched.affinity:
+        pod["affinity"] = sched.affinity
+    if sched.priority_class_name:
+        pod["priorityClassName"] = sched.priority_class_name
+    return pod
+
+
+def render_deployment(
+    owner: Owner, spec: LLMServiceSpec, max_utilization: float = 0.95
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": spec.engine.startup_timeout_seconds + 120,
+            # Never drop a serving pod before its replacement passes /ready.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels(owner.name),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": render_pod_spec(owner, spec, max_utilization),
+            },
+        },
+    }
+
+
+def render_service(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def render_pdb(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(owner.name)}},
+    }
+
+
+def render_service_monitor(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(owner),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }

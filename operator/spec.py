@@ -1,0 +1,207 @@
+"""The LLMService spec as typed data, with the same defaults as the CRD schema.
+
+The API server fills defaults from `crds/llmservice.yaml` before the operator ever sees
+an object; the defaults here only matter for objects stored before a default existed.
+A unit test keeps both lists of defaults identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmservice.operator.catalog import Architecture
+
+GROUP = "llmservice.dev"
+VERSION = "v1alpha1"
+PLURAL = "llmservices"
+KIND = "LLMService"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_IMAGE = "ghcr.io/llmservice/llmservice:0.1.0"
+
+
+def _get(data: dict[str, Any] | None, key: str, default: Any) -> Any:
+    if not data:
+        return default
+    value = data.get(key)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str = "token"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str
+    served_name: str | None = None
+    catalog_name: str | None = None
+    architecture: Architecture | None = None
+    parameter_count: int | None = None
+    hf_token_secret: SecretKeyRef | None = None
+    cache_claim_name: str | None = None
+    cache_size: str = "50Gi"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        arch = data.get("architecture")
+        secret = data.get("hfTokenSecretRef")
+        return cls(
+            source=data["source"],
+            served_name=data.get("servedName"),
+            catalog_name=data.get("catalogName"),
+            architecture=_architecture(arch, data.get("parameterCount")) if arch else None,
+            parameter_count=data.get("parameterCount"),
+            hf_token_secret=SecretKeyRef(secret["name"], _get(secret, "key", "token"))
+            if secret
+            else None,
+            cache_claim_name=data.get("cacheClaimName"),
+            cache_size=_get(data, "cacheSize", "50Gi"),
+        )
+
+
+def _architecture(data: dict[str, Any], parameter_count: int | None) -> Architecture:
+    heads = data["numAttentionHeads"]
+    return Architecture(
+        num_layers=data["numLayers"],
+        hidden_size=data["hiddenSize"],
+        num_attention_heads=heads,
+        num_key_value_heads=_get(data, "numKeyValueHeads", heads),
+        head_dim=_get(data, "headDim", data["hiddenSize"] // heads),
+        intermediate_size=data["intermediateSize"],
+        vocab_size=data["vocabSize"],
+        tie_word_embeddings=_get(data, "tieWordEmbeddings", False),
+        num_experts=_get(data, "numExperts", 1),
+        num_experts_per_token=_get(data, "numExpertsPerToken", 1),
+        attention_bias=_get(data, "attentionBias", False),
+        parameter_count=parameter_count,
+    )
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    block_size: int = 16
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 128
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    swap_space_gib: float = 4.0
+    scheduling_policy: str = "fcfs"
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    kv_cache_memory_gib: float | None = None
+    max_waiting_requests: int = 1024
+    max_queue_delay_ms: int | None = None
+    shutdown_grace_seconds: int = 30
+    startup_timeout_seconds: int = 900
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:
+        d = cls()
+        return cls(
+            image=_get(data, "image", d.image),
+            image_pull_policy=_get(data, "imagePullPolicy", d.image_pull_policy),
+            block_size=_get(data, "blockSize", d.block_size),
+            max_model_len=_get(data, "maxModelLen", d.max_model_len),
+            max_num_batched_tokens=_get(data, "maxNumBatchedTokens", d.max_num_batched_tokens),
+            max_num_seqs=_get(data, "maxNumSeqs", d.max_num_seqs),
+            enable_prefix_caching=_get(data, "enablePrefixCaching", d.enable_prefix_caching),
+            enable_chunked_prefill=_get(data, "enableChunkedPrefill", d.enable_chunked_prefill),
+            preemption_mode=_get(data, "preemptionMode", d.preemption_mode),
+            swap_space_gib=float(_get(data, "swapSpaceGiB", d.swap_space_gib)),
+            scheduling_policy=_get(data, "schedulingPolicy", d.scheduling_policy),
+            dtype=_get(data, "dtype", d.dtype),
+            tensor_parallel_size=_get(data, "tensorParallelSize", d.tensor_parallel_size),
+            kv_cache_memory_gib=_get(data, "kvCacheMemoryGiB", None),
+            max_waiting_requests=_get(data, "maxWaitingRequests", d.max_waiting_requests),
+            max_queue_delay_ms=_get(data, "maxQueueDelayMs", None),
+            shutdown_grace_seconds=_get(data, "shutdownGraceSeconds", d.shutdown_grace_seconds),
+            startup_timeout_seconds=_get(data, "startupTimeoutSeconds", d.startup_timeout_seconds),
+            extra_args=tuple(_get(data, "extraArgs", ())),
+            env=tuple((e["name"], str(e.get("value", ""))) for e in _get(data, "env", ())),
+        )
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    count: int | None = None  # None: one GPU per tensor-parallel rank
+    resource_name: str = "nvidia.com/gpu"
+    memory_gib: float = 80.0
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    gpu: GPUSpec = field(default_factory=GPUSpec)
+    gpu_memory_utilization: float = 0.90
+    cpu: str = "4"
+    memory: str = "16Gi"
+    shm_size: str = "2Gi"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ResourcesSpec:
+        d = cls()
+        gpu = _get(data, "gpu", {})
+        return cls(
+            gpu=GPUSpec(
+                count=gpu.get("count"),
+                resource_name=_get(gpu, "resourceName", d.gpu.resource_name),
+                memory_gib=float(_get(gpu, "memoryGiB", d.gpu.memory_gib)),
+            ),
+            gpu_memory_utilization=float(
+                _get(data, "gpuMemoryUtilization", d.gpu_memory_utilization)
+            ),
+            cpu=str(_get(data, "cpu", d.cpu)),
+            memory=str(_get(data, "memory", d.memory)),
+            shm_size=str(_get(data, "shmSize", d.shm_size)),
+        )
+
+
+@dataclass(frozen=True)
+class SchedulingSpec:
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> SchedulingSpec:
+        return cls(
+            node_selector=dict(_get(data, "nodeSelector", {})),
+            tolerations=tuple(_get(data, "tolerations", ())),
+            affinity=_get(data, "affinity", None),
+            priority_class_name=_get(data, "priorityClassName", None),
+        )
+
+
+@dataclass(frozen=True)
+class LLMServiceSpec:
+    model: ModelSpec
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    replicas: int = 1
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LLMServiceSpec:
+        return cls(
+            model=ModelSpec.from_dict(data["model"]),
+            engine=EngineSpec.from_dict(data.get("engine")),
+            resources=ResourcesSpec.from_dict(data.get("resources")),
+            scheduling=SchedulingSpec.from_dict(data.get("scheduling")),
+            replicas=_get(data, "replicas", 1),
+        )
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs each pod asks for: one per tensor-parallel rank unless set (0 = CPU)."""
+        count = self.resources.gpu.count
+        return self.engine.tensor_parallel_size if count is None else count

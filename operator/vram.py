@@ -1,0 +1,271 @@
+"""Will the model fit the GPU with the margin we promise? Pure arithmetic, no I/O.
+
+Per GPU the engine needs: its share of the weights, an activation reserve (vLLM profiles
+the peak of one `max_num_batched_tokens` step; we estimate it), and KV cache for at least
+one sequence of `max_model_len` tokens. All of it must fit inside
+`memoryGiB x gpuMemoryUtilization`; the rest (5-10%) stays free for fragmentation and
+allocator spikes. If one max-length sequence cannot fit, the operator refuses to roll out
+and says what would fit instead: the longest `maxModelLen` on these GPUs, and the
+smallest tensor-parallel size that fits the requested length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmservice.operator.catalog import CATALOG, Architecture, lookup
+from llmservice.operator.spec import LLMServiceSpec
+
+GIB = 1024**3
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+FIXED_OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS workspaces, CUDA graphs
+TENSOR_PARALLEL_OVERHEAD_GIB = 0.5  # NCCL buffers when TP > 1
+CPU_DEFAULT_KV_GIB = 1.0  # the server's default --kv-cache-memory-gib
+
+
+def dtype_bytes(dtype: str, on_gpu: bool) -> int:
+    """Bytes per weight/KV element: `auto` is bf16 on GPUs and fp32 on CPUs (as the server)."""
+    if dtype == "float32" or (dtype == "auto" and not on_gpu):
+        return 4
+    return 2
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Everything the arithmetic needs, flattened from the spec."""
+
+    architecture: Architecture
+    dtype_bytes: int
+    tensor_parallel_size: int
+    gpu_memory_gib: float
+    utilization: float
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget_gib_per_gpu: float
+    weights_gib_per_gpu: float
+    activation_reserve_gib_per_gpu: float
+    kv_cache_gib_per_gpu: float
+    kv_bytes_per_token: int  # whole model, all layers, K and V
+    kv_bytes_per_token_per_gpu: int
+    block_size: int
+    estimated_kv_blocks: int
+    estimated_max_concurrent_sequences: int  # sequences of max_model_len tokens at once
+    gpu_memory_utilization: float
+
+    def as_status(self) -> dict[str, float | int]:
+        return {
+            "budgetGiBPerGPU": round(self.budget_gib_per_gpu, 2),
+            "weightsGiBPerGPU": round(self.weights_gib_per_gpu, 2),
+            "activationReserveGiBPerGPU": round(self.activation_reserve_gib_per_gpu, 2),
+            "kvCacheGiBPerGPU": round(self.kv_cache_gib_per_gpu, 2),
+            "kvBytesPerToken": self.kv_bytes_per_token,
+            "kvBytesPerTokenPerGPU": self.kv_bytes_per_token_per_gpu,
+            "blockSize": self.block_size,
+            "estimatedKVBlocks": self.estimated_kv_blocks,
+            "estimatedMaxConcurrentSequences": self.estimated_max_concurrent_sequences,
+            "gpuMemoryUtilization": self.gpu_memory_utilization,
+        }
+
+
+@dataclass(frozen=True)
+class FitResult:
+    status: str  # "True" | "False" | "Unknown", as the condition wants it
+    reason: str
+    message: str
+    plan: MemoryPlan | None = None
+    largest_max_model_len: int | None = None
+    smallest_tensor_parallel_size: int | None = None
+
+    @property
+    def refuses_rollout(self) -> bool:
+        return self.status == "False"
+
+
+def kv_heads_per_gpu(arch: Architecture, tp: int) -> int:
+    """KV heads each rank holds; with TP > KV heads they are replicated, not split."""
+    return max(1, math.ceil(arch.num_key_value_heads / tp))
+
+
+def plan_memory(shape: Shape) -> MemoryPlan:
+    """Weights, activation reserve and KV cache per GPU for one configuration."""
+    arch, tp, nbytes = shape.architecture, shape.tensor_parallel_size, shape.dtype_bytes
+    budget = shape.gpu_memory_gib * shape.utilization * GIB
+    weights = arch.parameters * nbytes / tp
+    kv_per_token = 2 * arch.num_layers * arch.num_key_value_heads * arch.head_dim * nbytes
+    kv_per_token_gpu = 2 * arch.num_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim * nbytes
+    reserve = activation_reserve_bytes(shape)
+    kv_cache = max(0.0, budget - weights - reserve)
+    blocks = int(kv_cache // (kv_per_token_gpu * shape.block_size))
+    return MemoryPlan(
+        budget_gib_per_gpu=budget / GIB,
+        weights_gib_per_gpu=weights / GIB,
+        activation_reserve_gib_per_gpu=reserve / GIB,
+        kv_cache_gib_per_gpu=kv_cache / GIB,
+        kv_bytes_per_token=kv_per_token,
+        kv_bytes_per_token_per_gpu=kv_per_token_gpu,
+        block_size=shape.block_size,
+        estimated_kv_blocks=blocks,
+        estimated_max_concurrent_sequences=blocks * shape.block_size // shape.max_model_len,
+        gpu_memory_utilization=shape.utilization,
+    )
+
+
+def activation_reserve_bytes(shape: Shape) -> float:
+    """Peak of one profiling step: hidden states, MLP intermediates, logits, fixed overhead."""
+    arch, tp = shape.architecture, shape.tensor_parallel_size
+    qkv = (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim
+    per_token = shape.dtype_bytes * (
+        2 * arch.intermediate_size * arch.num_experts_per_token / tp
+        + 4 * arch.hidden_size
+        + qkv / tp
+    )
+    logits = min(shape.max_num_seqs, shape.max_num_batched_tokens) * arch.vocab_size * 4
+    fixed = FIXED_OVERHEAD_GIB + (TENSOR_PARALLEL_OVERHEAD_GIB if tp > 1 else 0.0)
+    return shape.max_num_batched_tokens * per_token + logits + fixed * GIB
+
+
+def sequence_fits(plan: MemoryPlan, max_model_len: int) -> bool:
+    blocks_needed = math.ceil(max_model_len / plan.block_size)
+    return plan.estimated_kv_blocks >= blocks_needed
+
+
+def largest_max_model_len(plan: MemoryPlan) -> int:
+    """The longest sequence the KV cache could hold, a whole number of blocks."""
+    return plan.estimated_kv_blocks * plan.block_size
+
+
+def smallest_tensor_parallel_size(shape: Shape) -> int | None:
+    """The fewest GPUs (a valid TP size: divides the attention heads) that fit the request."""
+    for tp in TENSOR_PARALLEL_SIZES:
+        if shape.architecture.num_attention_heads % tp:
+            continue
+        candidate = Shape(**{**shape.__dict__, "tensor_parallel_size": tp})
+        if sequence_fits(plan_memory(candidate), shape.max_model_len):
+            return tp
+    return None
+
+
+def resolve_architecture(spec: LLMServiceSpec) -> Architecture | None:
+    """The user's architecture, else the catalog entry named or implied by the source."""
+    model = spec.model
+    if model.architecture is not None:
+        return model.architecture
+    if model.catalog_name and model.catalog_name in CATALOG:
+        return CATALOG[model.catalog_name].architecture
+    entry = lookup(model.source)
+    return entry.architecture if entry else None
+
+
+def check_fit(spec: LLMServiceSpec, max_utilization: float = 0.95) -> FitResult:
+    """Decide VRAMFit for a spec; `max_utilization` is the operator-wide ceiling."""
+    arch = resolve_architecture(spec)
+    engine, gpus = spec.engine, spec.gpus_per_replica
+    utilization = min(spec.resources.gpu_memory_utilization, max_utilization)
+    if arch is None:
+        return FitResult(
+            "Unknown",
+            "ArchitectureUnknown",
+            f"the operator does not know the shape of {spec.model.source!r}; set "
+            "spec.model.catalogName or spec.model.architecture to get a VRAM check",
+        )
+    on_gpu = gpus > 0
+    shape = Shape(
+        architecture=arch,
+        dtype_bytes=dtype_bytes(engine.dtype, on_gpu),
+        tensor_parallel_size=max(1, engine.tensor_parallel_size),
+        gpu_memory_gib=spec.resources.gpu.memory_gib,
+        utilization=utilization,
+        max_model_len=engine.max_model_len,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=engine.max_num_seqs,
+        block_size=engine.block_size,
+    )
+    if not on_gpu:
+        return _cpu_fit(shape, engine.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB)
+    plan = plan_memory(shape)
+    if sequence_fits(plan, shape.max_model_len):
+        return FitResult(
+            "True",
+            "Fits",
+            f"weights {plan.weights_gib_per_gpu:.1f} GiB + activations "
+            f"{plan.activation_reserve_gib_per_gpu:.1f} GiB + KV cache "
+            f"{plan.kv_cache_gib_per_gpu:.1f} GiB per GPU within "
+            f"{plan.budget_gib_per_gpu:.1f} GiB ({shape.gpu_memory_gib:g} GiB x {utilization:.2f}); "
+            f"about {plan.estimated_max_concurrent_sequences} sequences of "
+            f"{shape.max_model_len} tokens at once",
+            plan=plan,
+        )
+    longest = largest_max_model_len(plan)
+    tp = smallest_tensor_parallel_size(shape)
+    need = plan.weights_gib_per_gpu + plan.activation_reserve_gib_per_gpu
+    lead = (
+        f"one sequence of maxModelLen {shape.max_model_len} does not fit: weights "
+        f"{plan.weights_gib_per_gpu:.1f} GiB + activations {plan.activation_reserve_gib_per_gpu:.1f} GiB "
+        f"per GPU leave {max(0.0, plan.budget_gib_per_gpu - need):.1f} GiB of the "
+        f"{plan.budget_gib_per_gpu:.1f} GiB budget ({shape.gpu_memory_gib:g} GiB x {utilization:.2f}) "
+        f"for KV cache, which needs {plan.kv_bytes_per_token_per_gpu} bytes per token per GPU"
+    )
+    length_hint = (
+        f"largest maxModelLen that fits: {longest}"
+        if longest > 0
+        else "largest maxModelLen that fits: 0 (the weights alone do not fit)"
+    )
+    gpu_hint = (
+        f"smallest GPU count that fits: {tp} (engine.tensorParallelSize: {tp}, "
+        f"resources.gpu.count: {tp})"
+        if tp is not None
+        else f"no tensor-parallel size up to {TENSOR_PARALLEL_SIZES[-1]} fits on "
+        f"{shape.gpu_memory_gib:g} GiB GPUs"
+    )
+    return FitResult(
+        "False",
+        "InsufficientVRAM",
+        f"{lead}; {length_hint}; {gpu_hint}",
+        plan=plan,
+        largest_max_model_len=longest,
+        smallest_tensor_parallel_size=tp,
+    )
+
+
+def _cpu_fit(shape: Shape, kv_gib: float) -> FitResult:
+    """No GPU: the server sizes its KV cache from --kv-cache-memory-gib; report that plan."""
+    arch = shape.architecture
+    kv_per_token = 2 * arch.num_layers * arch.num_key_value_heads * arch.head_dim
+    kv_per_token *= shape.dtype_bytes
+    blocks = int(kv_gib * GIB // (kv_per_token * shape.block_size))
+    plan = MemoryPlan(
+        budget_gib_per_gpu=0.0,
+        weights_gib_per_gpu=arch.parameters * shape.dtype_bytes / GIB,
+        activation_reserve_gib_per_gpu=0.0,
+        kv_cache_gib_per_gpu=kv_gib,
+        kv_bytes_per_token=kv_per_token,
+        kv_bytes_per_token_per_gpu=kv_per_token,
+        block_size=shape.block_size,
+        estimated_kv_blocks=blocks,
+        estimated_max_concurrent_sequences=blocks * shape.block_size // shape.max_model_len,
+        gpu_memory_utilization=shape.utilization,
+    )
+    if blocks * shape.block_size < shape.max_model_len:
+        return FitResult(
+            "False",
+            "InsufficientKVCache",
+            f"engine.kvCacheMemoryGiB {kv_gib:g} holds {blocks * shape.block_size} tokens, "
+            f"less than one sequence of maxModelLen {shape.max_model_len}; largest maxModelLen "
+            f"that fits: {blocks * shape.block_size}",
+            plan=plan,
+            largest_max_model_len=blocks * shape.block_size,
+        )
+    return FitResult(
+        "True",
+        "CPUOnly",
+        f"no GPU requested; KV cache of {kv_gib:g} GiB holds about "
+        f"{plan.estimated_max_concurrent_sequences} sequences of {shape.max_model_len} tokens",
+        plan=plan,
+    )
