@@ -1,0 +1,208 @@
+"""Rendered children: golden files for the examples, schema validity, and the pod details.
+
+Regenerate the golden files after an intended change with
+`UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/operator/test_render.py` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from llmservice.operator.render import Owner, render, selector_string
+from llmservice.operator.spec import LLMServiceSpec
+
+from tests.support.schema import admit
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = Path(__file__).parent / "golden"
+K8S_VERSION = "1.34.0"  # the Kubernetes release whose OpenAPI schemas the manifests must pass
+EXAMPLES = ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4"]
+
+
+def crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / "crds/llmservice.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def admitted(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API server stores it: pruned, defaulted, validated."""
+    stored, errors = admit(crd_schema(), obj, None)
+    assert errors == []
+    return stored
+
+
+def example(name: str) -> dict[str, Any]:
+    return admitted(yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text()))
+
+
+def rendered(obj: dict[str, Any], **kwargs: Any):
+    owner = Owner(obj["metadata"]["name"], "default", "11111111-2222-3333-4444-555555555555")
+    return render(owner, LLMServiceSpec.from_dict(obj["spec"]), **kwargs)
+
+
+def args_of(manifests) -> list[str]:
+    return manifests.deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_golden(name):
+    manifests = rendered(example(name), with_service_monitor=True)
+    text = yaml.safe_dump_all(manifests.all(), sort_keys=False)
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_rendered_manifests_pass_the_kubernetes_schemas(name):
+    manifests = rendered(example(name))
+    for manifest in manifests.all():
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_is_not_vacuous():
+    manifests = rendered(example("llama-3-8b"))
+    broken = yaml.safe_load(yaml.safe_dump(manifests.deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["resourcez"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_crd_passes_the_kubernetes_schema():
+    crd = yaml.safe_load((ROOT / "crds/llmservice.yaml").read_text())
+    kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+
+
+def test_server_flags_come_from_the_spec():
+    obj = example("llama-3-8b")
+    args = args_of(rendered(obj))
+    assert args[:2] == ["serve", "hf://meta-llama/Meta-Llama-3-8B-Instruct"]
+    expected = {
+        "--served-model-name": "llama-3-8b-instruct",
+        "--host": "0.0.0.0",
+        "--port": "8000",
+        "--block-size": "16",
+        "--max-model-len": "8192",
+        "--max-num-batched-tokens": "8192",
+        "--max-num-seqs": "64",
+        "--preemption-mode": "recompute",
+        "--swap-space": "4",
+        "--gpu-memory-utilization": "0.9",
+        "--scheduling-policy": "fcfs",
+        "--dtype": "bfloat16",
+        "--max-waiting-requests": "1024",
+        "--shutdown-grace-seconds": "30",
+        "--tensor-parallel-size": "1",
+        "--download-dir": "/models-cache",
+    }
+    assert {k: flag(args, k) for k in expected} == expected
+    assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
+    assert "--kv-cache-memory-gib" not in args
+
+
+def test_switches_and_optional_flags():
+    obj = example("smollm2-cpu")
+    obj["spec"]["engine"].update(
+        enablePrefixCaching=False, enableChunkedPrefill=False, maxQueueDelayMs=250,
+        extraArgs=["--seed", "7"],
+    )  # fmt: skip
+    args = args_of(rendered(obj))
+    assert "--no-enable-prefix-caching" in args and "--no-enable-chunked-prefill" in args
+    assert flag(args, "--max-queue-delay-ms") == "250"
+    assert flag(args, "--kv-cache-memory-gib") == "0.5"
+    assert args[-2:] == ["--seed", "7"]
+
+
+def test_operator_ceiling_caps_the_utilization_flag():
+    obj = example("llama-3-8b")
+    obj["spec"]["resources"]["gpuMemoryUtilization"] = 0.95
+    assert flag(args_of(rendered(obj)), "--gpu-memory-utilization") == "0.95"
+    capped = rendered(obj, max_gpu_memory_utilization=0.85)
+    assert flag(args_of(capped), "--gpu-memory-utilization") == "0.85"
+
+
+def test_gpu_pod_details():
+    m = rendered(example("llama-3-70b-tp4"))
+    pod = m.deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == 4
+    assert flag(container["args"], "--tensor-parallel-size") == "4"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    # The PVC is mounted read-only and the server is pointed at the path inside it.
+    model = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert model["persistentVolumeClaim"] == {"claimName": "llama-3-70b-weights", "readOnly": True}
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+    assert container["args"][1] == "/models/Meta-Llama-3-70B-Instruct"
+
+
+def test_probes_grace_security_and_rollout():
+    m = rendered(example("llama-3-70b-tp4"))
+    spec = m.deployment["spec"]
+    pod = spec["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800  # startupTimeoutSeconds
+    assert pod["terminationGracePeriodSeconds"] > int(flag(c["args"], "--shutdown-grace-seconds"))
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_cpu_pod_asks_for_no_gpu_and_no_gpu_toleration():
+    m = rendered(example("smollm2-cpu"))
+    pod = m.deployment["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+    assert "tolerations" not in pod
+    assert args_of(m)[1] == "builtin:smollm2-135m"
+
+
+def test_hf_token_comes_from_the_secret():
+    env = rendered(example("llama-3-8b")).deployment["spec"]["template"]["spec"]["containers"][0][
+        "env"
+    ]
+    token = next(e for e in env if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+
+
+def test_children_share_labels_selector_and_owner():
+    m = rendered(example("llama-3-8b"), with_service_monitor=True)
+    assert m.pdb is not None and m.service_monitor is not None
+    for manifest in m.all():
+        (ref,) = manifest["metadata"]["ownerReferences"]
+        assert ref["kind"] == "LLMService" and ref["controller"] is True
+        assert ref["uid"] == "11111111-2222-3333-4444-555555555555"
+    selector = m.deployment["spec"]["selector"]["matchLabels"]
+    assert m.service["spec"]["selector"] == selector
+    assert m.pdb["spec"]["selector"]["matchLabels"] == selector
+    template_labels = m.deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= template_labels.items()
+    assert selector_string("llama-3-8b") == ",".join(
+        f"{k}={v}" for k, v in sorted(selector.items())
+    )
+
+
+def test_pdb_only_with_more_than_one_replica():
+    obj = example("llama-3-8b")
+    assert rendered(obj).pdb is not None
+    obj["spec"]["replicas"] = 1
+    assert rendered(obj).pdb is None
