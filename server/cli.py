@@ -23,6 +23,18 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from llmservice.server.api.launch import serve
+
+    return serve(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from llmservice.server.bench.cli import run_bench_serve
+
+    return run_bench_serve(args)
+
+
 def _operator(argv: list[str]) -> int:
     from llmservice.operator.cli import main as operator_main
 
@@ -35,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         return _operator(argv[1:])
     parser = argparse.ArgumentParser(prog="llmservice")
     sub = parser.add_subparsers(dest="command", required=True)
+    from llmservice.server.api.launch import add_serve_args
+    from llmservice.server.bench.cli import add_bench_serve_args
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible server (continuous batching engine)")
+    add_serve_args(serve)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    add_bench_serve_args(bench_sub.add_parser("serve", help="load-test a running OpenAI-compatible server"))
     demo = sub.add_parser("demo", help="offline generation demo on the embedded model")
     demo.add_argument("model", nargs="?", default="builtin:smollm2-135m")
     demo.add_argument("--prompt", default="What is the capital of France?")
@@ -43,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "bench":
+        return _bench(args)
     return 2
 
 

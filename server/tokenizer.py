@@ -10,10 +10,9 @@ from datetime import datetime
 
 import jinja2
 import jinja2.sandbox
+from llmservice.server.model.loaded import TokenizerSource, UnsupportedModelError
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.decoders import DecodeStream
-
-from llmservice.server.model.loaded import TokenizerSource, UnsupportedModelError
 
 # GGUF token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
 _CONTROL, _USER_DEFINED = 3, 4

@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-
 from llmservice.server.config import ConfigError, EngineConfig
 from llmservice.server.engine import memory
 from llmservice.server.engine.block_manager import BlockManager
@@ -20,6 +19,7 @@ from llmservice.server.engine.runner import ModelRunner
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.engine.scheduler import Scheduler, SchedulerOutput
 from llmservice.server.model.llama import LlamaModel
+from llmservice.server.model.loaded import LoadedModel
 from llmservice.server.model.loader import load_model
 from llmservice.server.tokenizer import TextTokenizer
 
@@ -56,20 +56,26 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, progress: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        loaded: LoadedModel | None = None,
+    ):
+        """`loaded` lets tests and benchmarks build many engines from one parsed model."""
         self.config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         t0 = time.perf_counter()
-        loaded = load_model(config.model, torch.float32 if self.device.type == "cpu" else self.dtype, progress)
+        if loaded is None:
+            loaded = load_model(config.model, torch.float32 if self.device.type == "cpu" else self.dtype, progress)
         self.model_config = loaded.config
         self.tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
         config.resolve_lengths(loaded.config.max_position_embeddings)
         self.max_model_len = int(config.max_model_len)
         self.model = LlamaModel(loaded.config, loaded.weights, self.device, self.dtype, self.max_model_len)
-        del loaded
         self.load_seconds = time.perf_counter() - t0
         self.memory_plan = self._plan_memory()
         log.info(self.memory_plan.describe())

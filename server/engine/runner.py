@@ -8,7 +8,6 @@ tokens catch up with their total this step (a partial prefill chunk samples noth
 from __future__ import annotations
 
 import torch
-
 from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.engine.request import Request, TokenLogprob

@@ -7,7 +7,6 @@ samples do not depend on what else is in the batch.
 from __future__ import annotations
 
 import torch
-
 from llmservice.server.engine.request import Request, TokenLogprob
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
-from gguf.quants import dequantize
-
 from llmservice.server.model.config import ModelConfig
+from llmservice.server.model.dequant import dequantize
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
@@ -69,13 +68,15 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def dequantize_tensor(data: np.ndarray, qtype: GGMLQuantizationType, name: str, path: Path) -> np.ndarray:
+def dequantize_tensor(
+    data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...], name: str, path: Path
+) -> torch.Tensor:
     if qtype not in SUPPORTED_QUANTS:
         raise UnsupportedModelError(
             f"{path}: tensor {name!r} uses GGML type {qtype.name}, which is not supported "
             f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_QUANTS))})"
         )
-    return dequantize(data, qtype)
+    return dequantize(data, qtype, shape)
 
 
 def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
@@ -140,8 +141,8 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: Callable[[int, int], Non
         if name is None:
             continue  # e.g. rope_freqs: recomputed from metadata
         qtype = GGMLQuantizationType(t.tensor_type)
-        array = dequantize_tensor(t.data, qtype, t.name, path)
-        tensor = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+        shape = tuple(int(d) for d in reversed(t.shape))  # GGML lists the fastest dim first
+        tensor = dequantize_tensor(t.data, qtype, shape, t.name, path)
         if config.architecture in ("llama", "mistral"):
             if t.name.endswith("attn_q.weight") or t.name.endswith("attn_q.bias"):
                 tensor = unpermute_qk(tensor, config.num_heads)

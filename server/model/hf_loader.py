@@ -10,10 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+from safetensors import safe_open
 
 _ARCHS = {
     "LlamaForCausalLM": "llama",

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from llmservice.kernels import ops
 from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.model.config import ModelConfig
@@ -140,3 +139,28 @@ class LlamaModel:
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x, residual = ops.fused_add_rms_norm(mlp, residual, next_norm, eps)
         return F.linear(x.index_select(0, logits_indices), self.lm_head).float()
+
+
+def score_tokens(model: LlamaModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
+    """Logits [n, vocab] at every position of one sequence (parity checks, prompt scoring)."""
+    n = len(token_ids)
+    nblocks = -(-n // block_size)
+    cfg = model.config
+    shape = (nblocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    caches = [
+        (torch.zeros(shape, dtype=model.dtype, device=model.device), torch.zeros(shape, dtype=model.dtype, device=model.device))
+        for _ in range(cfg.num_layers)
+    ]
+    dev = model.device
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(n, device=dev),
+        block_tables=torch.arange(nblocks, dtype=torch.int32, device=dev)[None],
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
+        query_lens=[n],
+        seq_lens_host=[n],
+        num_decodes=1 if n == 1 else 0,
+        block_size=block_size,
+    )
+    positions = torch.arange(n, device=dev)
+    return model.forward(torch.tensor(token_ids, device=dev), positions, meta, caches, positions)

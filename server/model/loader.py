@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
 from llmservice.server.model.gguf_loader import load_gguf
 from llmservice.server.model.hf_loader import load_hf_dir
 from llmservice.server.model.loaded import LoadedModel, UnsupportedModelError

@@ -1,0 +1,132 @@
+"""The FastAPI application: routes, OpenAI-shaped error handling, engine attachment.
+
+Handlers only validate, await the tokenizer pool and the engine bridge, and format
+bytes; nothing here computes on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from llmservice.server.api.chat import create_chat_completion
+from llmservice.server.api.completions import create_completion
+from llmservice.server.api.errors import APIError, describe_validation_errors, error_response
+from llmservice.server.api.protocol import (
+    ERROR_RESPONSES,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from llmservice.server.api.serving import ServerState
+from llmservice.server.api.tokenizer_service import message_dicts
+from llmservice.server.metrics import ServerMetrics
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import llmservice
+
+log = logging.getLogger("llmservice.api")
+
+
+def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.engine.attach(asyncio.get_running_loop(), metrics)
+        yield
+        state.engine.abort(list(state.engine.streams))
+
+    app = FastAPI(title="llmservice", version=llmservice.__version__, lifespan=lifespan)
+    app.state.server = state
+    app.state.metrics = metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError):
+        message, param = describe_validation_errors(exc.errors())
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    # ---- generation -----------------------------------------------------------------------
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERROR_RESPONSES)
+    async def completions(body: CompletionRequest, raw: Request):
+        return await create_completion(body, raw, state)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERROR_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest, raw: Request):
+        return await create_chat_completion(body, raw, state)
+
+    # ---- models and tokenizer ----------------------------------------------------------------
+    @app.get("/v1/models", response_model=ModelList)
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": state.created, "owned_by": "llmservice",
+                 "root": state.model_root, "max_model_len": state.max_model_len}
+                for name in state.served_model_names
+            ],
+        }
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
+    async def tokenize(body: TokenizeRequest):
+        state.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", "prompt")
+        if body.messages is not None:
+            tokens = await state.tokenizer.encode_chat(message_dicts(body.messages), body.add_generation_prompt)
+        else:
+            tokens = await state.tokenizer.encode(body.prompt, body.add_special_tokens)
+        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
+    async def detokenize(body: DetokenizeRequest):
+        state.check_model(body.model)
+        return {"prompt": await state.tokenizer.decode(body.tokens)}
+
+    # ---- operations ---------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        """Liveness: the process answers and its engine core is alive."""
+        if state.engine.dead is not None:
+            return error_response(503, f"the engine is not running: {state.engine.dead}")
+        return Response(status_code=200)
+
+    @app.get("/ready")
+    async def ready():
+        """Readiness: accepting new requests (turns 503 as soon as draining starts)."""
+        if state.draining:
+            return error_response(503, "draining for shutdown")
+        if state.engine.dead is not None:
+            return error_response(503, f"the engine is not running: {state.engine.dead}")
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/version")
+    async def version():
+        return {"version": llmservice.__version__}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

@@ -1,0 +1,275 @@
+"""The API process's handle on the engine-core process: an asyncio bridge.
+
+Commands go out through a multiprocessing queue (its feeder thread does the pickling,
+so `put` never blocks the event loop). One reader thread blocks on the engine's
+reports and hands each one to the event loop with a single `call_soon_threadsafe`;
+the loop then only resolves futures, fills per-request queues and updates metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import queue
+import threading
+import time
+from typing import Any
+
+from llmservice.server.api.engine_core import run_engine_core
+from llmservice.server.api.errors import APIError
+from llmservice.server.api.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineFailed,
+    EngineReady,
+    EngineStats,
+    Report,
+    Shutdown,
+)
+from llmservice.server.config import EngineConfig
+from llmservice.server.engine.sampling_params import SamplingParams
+from llmservice.server.metrics import ServerMetrics
+
+log = logging.getLogger("llmservice.api")
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+class RequestStream:
+    """One engine request as seen by the client: acceptance, timings, where deltas go."""
+
+    def __init__(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        arrival_time: float,
+        loop: asyncio.AbstractEventLoop,
+        out: asyncio.Queue,
+    ):
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.arrival_time = arrival_time
+        self.accepted: asyncio.Future[None] = loop.create_future()
+        self.queue = out  # shared by the n choices of one HTTP request
+        self.num_output_tokens = 0
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.first_scheduled_time: float | None = None
+        self.finished = False
+
+
+class EngineClient:
+    def __init__(self, config: EngineConfig, log_level: int = logging.INFO, show_progress: bool = True):
+        self.config = config
+        self.log_level = log_level
+        self.show_progress = show_progress
+        ctx = mp.get_context("spawn")
+        self._ctx = ctx
+        self.inbox = ctx.Queue()
+        self.outbox = ctx.Queue()
+        self.process: Any = None
+        self.info: EngineReady | None = None
+        self.stats = EngineStats()
+        self.streams: dict[str, RequestStream] = {}
+        self.dead: str | None = None
+        self.metrics: ServerMetrics | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: threading.Thread | None = None
+        self._closing = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def spawn(self) -> None:
+        """Start the engine-core process (it loads the weights in the background)."""
+        self.process = self._ctx.Process(
+            target=run_engine_core,
+            args=(self.config, self.inbox, self.outbox, self.log_level, self.show_progress),
+            name="llmservice-engine-core",
+            daemon=True,
+        )
+        self.process.start()
+
+    def start(self, timeout_s: float = 3600.0) -> EngineReady:
+        """Spawn the engine core if needed and wait (blocking) until it is ready."""
+        if self.process is None:
+            self.spawn()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                msg = self.outbox.get(timeout=0.5)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise EngineStartError(f"the engine process exited with code {self.process.exitcode}") from None
+                continue
+            if isinstance(msg, EngineFailed):
+                self.process.join(5)
+                raise EngineStartError(msg.message)
+            if isinstance(msg, EngineReady):
+                self.info = msg
+                return msg
+        raise EngineStartError(f"the engine did not become ready within {timeout_s:.0f} s")
+
+    def attach(self, loop: asyncio.AbstractEventLoop, metrics: ServerMetrics) -> None:
+        """Start delivering reports to this event loop."""
+        self._loop = loop
+        self.metrics = metrics
+        self._reader = threading.Thread(target=self._read_loop, name="engine-reader", daemon=True)
+        self._reader.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._closing = True
+        if self.process is None:
+            return
+        if self.process.is_alive():
+            self.inbox.put(Shutdown())
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+        if self._reader is not None:
+            self._reader.join(2)
+        self.inbox.close()
+        self.outbox.close()
+
+    # ---- requests ----------------------------------------------------------------------------
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.streams)
+
+    @property
+    def num_waiting_estimate(self) -> int:
+        """Requests the engine has not started: all in flight minus those running at the
+        last step (new arrivals count as waiting until the engine reports otherwise)."""
+        return max(0, len(self.streams) - self.stats.num_running)
+
+    async def add(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        arrival_time: float,
+        out: asyncio.Queue,
+    ) -> RequestStream:
+        """Submit and wait for the engine to accept; raises APIError if it refuses."""
+        if self.dead is not None:
+            raise APIError(503, f"the engine is not running: {self.dead}")
+        assert self._loop is not None, "attach() first"
+        stream = RequestStream(request_id, len(prompt_token_ids), arrival_time, self._loop, out)
+        self.streams[request_id] = stream
+        self.inbox.put(AddRequest(request_id, prompt_token_ids, params, priority, arrival_time))
+        try:
+            await stream.accepted
+        except asyncio.CancelledError:
+            self.abort([request_id])
+            raise
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Stop requests (client gone, grace period over); frees their KV blocks."""
+        live = []
+        now = time.monotonic()
+        for rid in request_ids:
+            stream = self.streams.pop(rid, None)
+            if stream is None or stream.finished:
+                continue
+            stream.finished = True
+            live.append(rid)
+            if stream.accepted.done() and self.metrics is not None:
+                self._observe_finish(stream, "abort", now)
+        if live and self.dead is None:
+            self.inbox.put(AbortRequests(live))
+
+    # ---- reports (reader thread -> loop) --------------------------------------------------------
+    def _read_loop(self) -> None:
+        assert self._loop is not None
+        while not self._closing:
+            try:
+                msg = self.outbox.get(timeout=0.5)
+            except queue.Empty:
+                if not self.process.is_alive() and not self._closing:
+                    self._post(EngineFailed(f"the engine process exited with code {self.process.exitcode}"))
+                    return
+                continue
+            except (EOFError, OSError):
+                return
+            self._post(msg)
+            if isinstance(msg, EngineFailed):
+                return
+
+    def _post(self, msg: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._on_message, msg, time.monotonic())
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    def _on_message(self, msg: Any, received_at: float) -> None:
+        if isinstance(msg, Report):
+            self._on_report(msg, received_at)
+        elif isinstance(msg, EngineFailed):
+            self._fail_all(msg.message)
+
+    def _on_report(self, report: Report, now: float) -> None:
+        self.stats = report.stats
+        metrics = self.metrics
+        metrics.on_stats(report.stats)
+        for rid in report.accepted:
+            stream = self.streams.get(rid)
+            if stream is not None and not stream.accepted.done():
+                stream.accepted.set_result(None)
+        for rej in report.rejected:
+            stream = self.streams.pop(rej.request_id, None)
+            if stream is not None and not stream.accepted.done():
+                stream.finished = True
+                stream.accepted.set_exception(APIError(rej.status, rej.message))
+        for delta in report.deltas:
+            stream = self.streams.get(delta.request_id)
+            if stream is None:
+                continue  # aborted while the step ran
+            n = len(delta.new_token_ids)
+            if n:
+                if stream.first_token_at is None:
+                    stream.first_token_at = now
+                    metrics.on_first_token(now - stream.arrival_time, stream.num_prompt_tokens)
+                    metrics.on_tokens(n, None)
+                else:
+                    metrics.on_tokens(n, now - stream.last_token_at)
+                stream.last_token_at = now
+                stream.num_output_tokens += n
+            if delta.first_scheduled_time is not None:
+                stream.first_scheduled_time = delta.first_scheduled_time
+            if delta.finished:
+                stream.finished = True
+                del self.streams[delta.request_id]
+                self._observe_finish(stream, delta.finish_reason or "stop", now)
+            stream.queue.put_nowait(delta)
+
+    def _observe_finish(self, stream: RequestStream, reason: str, now: float) -> None:
+        tpot = None
+        if stream.first_token_at is not None and stream.num_output_tokens > 1:
+            tpot = (now - stream.first_token_at) / (stream.num_output_tokens - 1)
+        queue_s = None
+        if stream.first_scheduled_time is not None:
+            queue_s = stream.first_scheduled_time - stream.arrival_time
+        self.metrics.on_finish(
+            reason, now - stream.arrival_time, queue_s, stream.num_prompt_tokens, stream.num_output_tokens, tpot
+        )
+
+    def _fail_all(self, message: str) -> None:
+        if self.dead is not None:
+            return
+        self.dead = message
+        log.error("engine core failed: %s", message)
+        err = APIError(500, f"the engine failed: {message}")
+        for stream in self.streams.values():
+            stream.finished = True
+            if not stream.accepted.done():
+                stream.accepted.set_exception(err)
+            stream.queue.put_nowait(EngineDeadError(message))
+        self.streams.clear()

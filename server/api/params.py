@@ -1,0 +1,85 @@
+"""Request body -> engine SamplingParams (pure), with OpenAI/vLLM defaults and 400s.
+
+Kept apart from the handlers so every rule (greedy below 1e-5 like vLLM, chat's
+max_tokens defaulting to the rest of the context, priority needing the priority
+policy, n children getting distinct seeds) is testable without a server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llmservice.server.api.errors import APIError
+from llmservice.server.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from llmservice.server.engine.sampling_params import SamplingParams
+
+SAMPLING_EPS = 1e-5  # below this temperature sampling is numerically greedy (vLLM's rule)
+
+
+def _check_common(req: SamplingFields, scheduling_policy: str) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value not in (None, 0, 0.0):
+            raise APIError(400, f"{name} is not supported by this server (got {value}); omit it or send 0", name)
+    if req.priority != 0 and scheduling_policy != "priority":
+        raise APIError(
+            400,
+            f"priority {req.priority} was given but the server schedules with policy "
+            f"{scheduling_policy!r}; start it with --scheduling-policy priority or send priority 0",
+            "priority",
+        )
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+
+def _build(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if temperature < SAMPLING_EPS:
+        temperature = 0.0
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    try:
+        return SamplingParams(
+            temperature=temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=stop,
+            stop_token_ids=list(req.stop_token_ids or []),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
+
+
+def completion_params(req: CompletionRequest, scheduling_policy: str) -> SamplingParams:
+    _check_common(req, scheduling_policy)
+    if req.echo:
+        raise APIError(400, "echo is not supported by this server", "echo")
+    if req.suffix is not None:
+        raise APIError(400, "suffix is not supported by this server", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, f"best_of ({req.best_of}) must equal n ({req.n}) on this server", "best_of")
+    return _build(req, req.max_tokens, req.logprobs)
+
+
+def chat_params(req: ChatCompletionRequest, scheduling_policy: str) -> SamplingParams:
+    _check_common(req, scheduling_policy)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    # None: the engine fills in max_model_len - prompt length, as vLLM does for chat.
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _build(req, max_tokens, logprobs)
+
+
+def child_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """One SamplingParams per choice; seeded requests get seed, seed+1, ... so the n
+    choices differ yet stay reproducible."""
+    if n == 1 or params.seed is None:
+        return [params] * n
+    return [dataclasses.replace(params, seed=params.seed + i) for i in range(n)]

@@ -1,0 +1,205 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic), with vLLM's extras.
+
+Field constraints live here so that FastAPI rejects bad input with a 400 before any
+work is done, and so that /openapi.json describes exactly what is accepted (the fuzz
+test generates requests from it). NaN and infinity are refused everywhere: a NaN
+temperature would otherwise reach the sampler.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_N = 128  # OpenAI's own limit on `n`
+
+
+class APIModel(BaseModel):
+    # Unknown fields are ignored (as vLLM does) so newer clients keep working.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(APIModel):
+    include_usage: bool = False
+
+
+class SamplingFields(APIModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0, description="0 means greedy; default 1")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="vLLM extra; -1 or 0 disables")
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    priority: int = Field(
+        0, ge=INT32_MIN, le=INT32_MAX,
+        description="vLLM semantics: lower is handled earlier; non-zero needs --scheduling-policy priority",
+    )
+    presence_penalty: float | None = Field(None, description="accepted only as 0 (not implemented)")
+    frequency_penalty: float | None = Field(None, description="accepted only as 0 (not implemented)")
+    user: str | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = Field(False, description="not supported; must be false")
+    suffix: str | None = Field(None, description="not supported; must be absent")
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="only best_of == n is supported")
+
+
+class TextContentPart(APIModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(APIModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="default: the rest of the context")
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(APIModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(APIModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ---- responses --------------------------------------------------------------------------
+
+
+class UsageInfo(APIModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(APIModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(APIModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(APIModel):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+
+
+class TopLogprob(APIModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(APIModel):
+    content: list[ChatTokenLogprob] = Field(default_factory=list)
+
+
+class ChatResponseMessage(APIModel):
+    role: str = "assistant"
+    content: str
+
+
+class ChatChoice(APIModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(APIModel):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ModelCard(APIModel):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "llmservice"
+    root: str
+    max_model_len: int
+
+
+class ModelList(APIModel):
+    object: str = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(APIModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(APIModel):
+    prompt: str
+
+
+class ErrorDetail(APIModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(APIModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "invalid parameters, or prompt + max_tokens > max_model_len"},
+    404: {"model": ErrorResponse, "description": "unknown model"},
+    503: {"model": ErrorResponse, "description": "queue full (see Retry-After) or draining for shutdown"},
+}

@@ -1,0 +1,163 @@
+"""What every generation endpoint does before and around the engine: model check,
+admission (draining, queue bound), submission of n engine requests, disconnect watch.
+
+Handlers (completions.py, chat.py) only turn deltas into their response shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from llmservice.server.api.backpressure import admission_decision
+from llmservice.server.api.engine_client import EngineClient, EngineDeadError
+from llmservice.server.api.errors import APIError, error_body
+from llmservice.server.api.messages import Delta
+from llmservice.server.api.params import child_params
+from llmservice.server.api.tokenizer_service import TokenizerService
+from llmservice.server.engine.sampling_params import SamplingParams
+from starlette.requests import Request as HTTPRequest
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass
+class ServerState:
+    engine: EngineClient
+    tokenizer: TokenizerService
+    served_model_names: list[str]
+    model_root: str
+    max_model_len: int
+    scheduling_policy: str
+    max_waiting_requests: int | None
+    draining: bool = False
+    preparing: int = 0  # generation handlers between arrival and engine submission
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves {self.served_model_names}", "model")
+
+    def admit(self, num_requests: int) -> None:
+        """Raise 503 (+Retry-After) when draining or when the queue bound is hit."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica", headers={"Retry-After": "1"})
+        if self.engine.dead is not None:
+            raise APIError(503, f"the engine is not running: {self.engine.dead}")
+        decision = admission_decision(
+            waiting=self.engine.num_waiting_estimate,
+            new=num_requests,
+            limit=self.max_waiting_requests,
+            running=self.engine.stats.num_running,
+        )
+        if decision.status == 400:
+            raise APIError(400, decision.message, "n")
+        if decision.status == 503:
+            raise APIError(503, decision.message, headers={"Retry-After": str(decision.retry_after_s)})
+
+    @property
+    def idle(self) -> bool:
+        return self.preparing == 0 and self.engine.num_in_flight == 0
+
+
+@dataclass
+class Generation:
+    """The engine requests behind one HTTP request: choice index i <-> request_ids[i]."""
+
+    request_ids: list[str]
+    prompt_lengths: list[int]  # one per prompt (usage counts each prompt once)
+    queue: asyncio.Queue
+    watcher: asyncio.Task
+    state: ServerState
+    index: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.index = {rid: i for i, rid in enumerate(self.request_ids)}
+
+    async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
+        """(choice index, delta) until every choice finished; raises ClientDisconnected."""
+        remaining = len(self.request_ids)
+        while remaining:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                remaining -= 1
+            yield self.index[item.request_id], item
+
+    def close(self) -> None:
+        """Abort whatever is unfinished (no-op for finished requests) and stop watching."""
+        self.watcher.cancel()
+        self.state.engine.abort(self.request_ids)
+
+
+async def _watch_disconnect(raw: HTTPRequest, gen_ids: list[str], q: asyncio.Queue, engine: EngineClient) -> None:
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            engine.abort(gen_ids)  # frees KV blocks even if no handler code runs again
+            q.put_nowait(ClientDisconnected())
+            return
+
+
+async def start_generation(
+    state: ServerState,
+    raw: HTTPRequest,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    n: int,
+    priority: int,
+    arrival_time: float,
+    prefix: str,
+) -> tuple[str, Generation]:
+    """Submit len(prompts) * n engine requests and wait until the engine accepted all."""
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    ids: list[str] = []
+    plist: list[tuple[list[int], SamplingParams]] = []
+    for p_idx, prompt in enumerate(prompts):
+        for c_idx, sp in enumerate(child_params(params, n)):
+            ids.append(f"{request_id}-{p_idx * n + c_idx}")
+            plist.append((prompt, sp))
+    q: asyncio.Queue = asyncio.Queue()
+    engine = state.engine
+    watcher = asyncio.create_task(_watch_disconnect(raw, ids, q, engine))
+    gen = Generation(ids, [len(p) for p in prompts], q, watcher, state)
+    try:
+        await asyncio.gather(
+            *(engine.add(rid, prompt, sp, priority, arrival_time, q) for rid, (prompt, sp) in zip(ids, plist, strict=True))
+        )
+    except BaseException:
+        gen.close()
+        raise
+    return request_id, gen
+
+
+def sse(data: dict | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+def sse_error(exc: BaseException) -> str:
+    if isinstance(exc, APIError):
+        return sse(error_body(exc.status, exc.message, exc.param))
+    if isinstance(exc, EngineDeadError):
+        return sse(error_body(500, f"the engine failed: {exc}"))
+    return sse(error_body(500, f"{type(exc).__name__}: {exc}"))
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -1,0 +1,109 @@
+"""Tokenizer work for the API process, run in a thread pool so the event loop never
+encodes, renders a chat template or decodes (seed mistake 5).
+
+The API process builds its own TextTokenizer from the model's metadata only (GGUF
+header or tokenizer files): it never loads weights, which stay in the engine process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import jinja2
+from llmservice.server.api.errors import APIError
+from llmservice.server.tokenizer import TextTokenizer
+
+
+def load_text_tokenizer(model: str) -> TextTokenizer:
+    """Tokenizer and EOS ids of a model reference, read the same way the loader does."""
+    from llmservice.server.model.registry import resolve_model_path
+
+    path = resolve_model_path(model)
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if (path / "config.json").exists() or not ggufs:
+            from llmservice.server.model.hf_loader import read_hf_config, read_hf_tokenizer
+
+            config = read_hf_config(path)
+            source = read_hf_tokenizer(path)
+            source.bos_token_id = config.bos_token_id
+            source.eos_token_id = config.eos_token_ids[0] if config.eos_token_ids else None
+            return TextTokenizer(source, config.eos_token_ids)
+        path = ggufs[0]
+    return _gguf_tokenizer(Path(path))
+
+
+def _gguf_tokenizer(path: Path) -> TextTokenizer:
+    from gguf import GGUFReader
+    from llmservice.server.model.gguf_loader import read_config, read_tokenizer
+
+    reader = GGUFReader(path)
+    return TextTokenizer(read_tokenizer(reader), read_config(reader, path).eos_token_ids)
+
+
+def message_dicts(messages) -> list[dict]:
+    """Chat messages as the template expects them: content parts joined into text."""
+    out = []
+    for m in messages:
+        content = m.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        d = {"role": m.role, "content": content or ""}
+        if m.name is not None:
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+class TokenizerService:
+    def __init__(self, tokenizer: TextTokenizer, workers: int = 2):
+        self.tokenizer = tokenizer
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenizer")
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, partial(fn, *args))
+
+    # ---- blocking bodies (run in the pool) ---------------------------------------------------
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except (ValueError, TypeError) as exc:  # e.g. lone surrogates cannot be encoded as UTF-8
+            raise APIError(400, f"the prompt cannot be tokenized: {exc}", "prompt") from exc
+
+    def _chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        except (ValueError, TypeError, jinja2.TemplateError) as exc:
+            raise APIError(400, f"the messages cannot be rendered with the model's chat template: {exc}", "messages") from exc
+        # The template already wrote the special tokens it wants (vLLM's default for chat).
+        return self._encode(text, False)
+
+    def _decode(self, ids: list[int]) -> str:
+        vocab = self.tokenizer.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise APIError(400, f"token ids must be in [0, {vocab}); got {bad[:5]}", "tokens")
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _token_strings(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+    # ---- async API ----------------------------------------------------------------------------
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self._run(self._encode, text, add_special_tokens)
+
+    async def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return await self._run(self._chat, messages, add_generation_prompt)
+
+    async def decode(self, ids: list[int]) -> str:
+        return await self._run(self._decode, ids)
+
+    async def token_strings(self, ids: list[int]) -> list[str]:
+        """Text of single tokens (for logprobs)."""
+        return await self._run(self._token_strings, ids)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
