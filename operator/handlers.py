@@ -82,12 +82,27 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
-    def reconcile(body: kopf.Body, meta: kopf.Meta, llms_pods: kopf.Index, **_: Any) -> None:
+    def reconcile(
+        body: kopf.Body,
+        meta: kopf.Meta,
+        llms_deployments: kopf.Index,
+        llms_pods: kopf.Index,
+        **_: Any,
+    ) -> None:
         raw, emit = dict(body), _emitter(body)
+        key = (meta["namespace"], meta["name"])
         try:
-            outcome = rc.reconcile(raw, kube(), options, emit)
-            pods = llms_pods.get((meta["namespace"], meta["name"]), [])
-            publisher.publish(raw, outcome.deployment, pods, emit, meta.get("generation"))
+            applied = rc.reconcile(raw, kube(), options, emit).deployment
+
+            def observe() -> tuple[dict[str, Any], Any, list[Any]]:
+                watched = list(llms_deployments.get(key, []))
+                return (
+                    raw,
+                    rc.fresher(applied, watched[0] if watched else None),
+                    list(llms_pods.get(key, [])),
+                )
+
+            publisher.publish(key, observe, emit, meta.get("generation"))
         except k.ApiError as exc:
             raise _temporary(exc) from exc
 
@@ -108,14 +123,23 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
         **_: Any,
     ) -> None:
         key = (namespace, labels[LABEL_SERVICE])
-        for raw in list(llms.get(key, [])):
+
+        def observe() -> tuple[dict[str, Any], Any, list[Any]] | None:
+            bodies = list(llms.get(key, []))
             deployments = list(llms_deployments.get(key, []))
-            deployment = deployments[0] if deployments else None
-            emit = _emitter(kopf.Body(raw))
-            try:
-                if rc.needs_repair(raw, options, deployment):
-                    # Our Deployment was deleted or scaled behind our back: spec.replicas rules.
-                    deployment = rc.reconcile(raw, kube(), options, emit).deployment
-                publisher.publish(raw, deployment, llms_pods.get(key, []), emit)
-            except k.ApiError as exc:
-                logging.getLogger(__name__).warning("status of %s/%s: %s", *key, exc)
+            if not bodies:
+                return None  # not ours, or the LLMService is gone
+            return bodies[0], deployments[0] if deployments else None, list(llms_pods.get(key, []))
+
+        observed = observe()
+        if observed is None:
+            return
+        emit = _emitter(kopf.Body(observed[0]))
+        try:
+            if rc.needs_repair(observed[0], options, observed[1]):
+                # Our Deployment was deleted or scaled behind our back: spec.replicas rules.
+                rc.reconcile(observed[0], kube(), options, emit)
+                return  # the Deployment's own event publishes the status
+            publisher.publish(key, observe, emit)
+        except k.ApiError as exc:
+            logging.getLogger(__name__).warning("status of %s/%s: %s", *key, exc)

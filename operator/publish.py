@@ -9,13 +9,15 @@ announced exactly once as an Event.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from llmservice.operator import reconcile as rc
 from llmservice.operator.kube import ApiError, Kube, path_for
 from llmservice.operator.spec import API_VERSION, PLURAL
 from llmservice.operator.status import DeploymentView, PodView, changed_fields
+
+Observed = tuple[dict[str, Any], DeploymentView | None, list[PodView]]
 
 
 class StatusPublisher:
@@ -34,16 +36,22 @@ class StatusPublisher:
 
     def publish(
         self,
-        body: dict[str, Any],
-        deployment: DeploymentView | None,
-        pods: Iterable[PodView],
+        key: tuple[str, str],
+        observe: Callable[[], Observed | None],
         emit: rc.Emit,
         observed_generation: int | None = None,
     ) -> dict[str, Any]:
-        """Patch the status fields that changed; returns the patch (empty: nothing to do)."""
-        meta = body["metadata"]
-        key, uid = (meta["namespace"], meta["name"]), meta.get("uid", "")
+        """Patch the status fields that changed; returns the patch (empty: nothing to do).
+
+        `observe` runs under the object's lock, so the write that lands last was computed
+        from the freshest view: a slower thread cannot overwrite newer facts with older ones.
+        """
         with self._lock(key):
+            observed = observe()
+            if observed is None:
+                return {}
+            body, deployment, pods = observed
+            uid = body["metadata"].get("uid", "")
             cached_uid, last = self._published.get(key, ("", {}))
             if cached_uid != uid:
                 last = dict(body.get("status") or {})

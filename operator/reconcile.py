@@ -118,6 +118,15 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
     return Outcome(fit, True, deployment_view(applied["Deployment"]))
 
 
+def fresher(
+    applied: DeploymentView | None, watched: DeploymentView | None
+) -> DeploymentView | None:
+    """The apply response knows the new generation first; the watch knows newer pod counts."""
+    if applied is None or watched is None:
+        return applied or watched
+    return watched if watched.generation >= applied.generation else applied
+
+
 def needs_repair(body: dict[str, Any], options: Options, deployment: DeploymentView | None) -> bool:
     """Was our Deployment deleted or scaled behind our back since the last reconcile?"""
     if (body.get("status") or {}).get("observedGeneration") != body["metadata"].get("generation"):

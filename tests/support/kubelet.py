@@ -34,7 +34,7 @@ import aiohttp
 import kmock
 
 from tests.support.selectors import match_label_selector
-from tests.support.store import Store, now
+from tests.support.store import Change, Store, now
 
 PODS = kmock.resource("", "v1", "pods")
 NODES = kmock.resource("", "v1", "nodes")
@@ -139,7 +139,11 @@ class FakeKubelet:
     async def running(self) -> AsyncIterator[FakeKubelet]:
         for node in self.nodes:
             self.store.create(NODES, None, node.manifest())
-        listener = lambda res, change: self._wake.set()  # noqa: E731
+
+        def listener(res: kmock.resource, change: Change) -> None:
+            if res in (PODS, DEPLOYMENTS, NODES):
+                self._wake.set()
+
         self.store.listeners.append(listener)
         task = asyncio.create_task(self._loop())
         try:
@@ -152,6 +156,11 @@ class FakeKubelet:
             for uid in list(self._processes):
                 await self._stop_process(uid, grace=5)
 
+    def add_node(self, node: Node) -> None:
+        """A new node joins (what a cluster autoscaler would do); pending pods retry."""
+        self.nodes.append(node)
+        self.store.create(NODES, None, node.manifest())
+
     async def _loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
@@ -163,38 +172,38 @@ class FakeKubelet:
                 print(f"fake kubelet: sync failed: {exc!r}")
 
     async def sync(self) -> None:
-        for deployment in self.store.items(DEPLOYMENTS):
-            self._sync_deployment(deployment)
-        pods = list(self.store.items(PODS))
+        by_owner: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.store.items(PODS, copied=False):
+            for ref in pod["metadata"].get("ownerReferences") or []:
+                by_owner.setdefault(ref.get("uid", ""), []).append(pod)
+        for deployment in self.store.items(DEPLOYMENTS, copied=False):
+            self._sync_deployment(deployment, by_owner.get(deployment["metadata"]["uid"], []))
+        pods = list(self.store.items(PODS, copied=False))
         for pod in pods:
             if pod["metadata"].get("deletionTimestamp"):
                 await self._terminate(pod)
             elif not pod["spec"].get("nodeName"):
-                self._schedule(pod, pods)
+                self._schedule(pod)
             else:
                 await self._run(pod)
 
     # ------------------------------------------------------------ deployment controller
 
-    def _sync_deployment(self, d: dict[str, Any]) -> None:
+    def _sync_deployment(self, d: dict[str, Any], owned: list[dict[str, Any]]) -> None:
         meta, spec = d["metadata"], d["spec"]
         ns, uid = meta["namespace"], meta["uid"]
         desired = int(spec.get("replicas", 1))
         template = spec["template"]
         current_hash = template_hash(template)
-        owned = [
-            p
-            for p in self.store.items(PODS)
-            if p["metadata"].get("namespace") == ns
-            and any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
-        ]
         live = [p for p in owned if not p["metadata"].get("deletionTimestamp")]
         new = [
             p
             for p in live
             if p["metadata"].get("labels", {}).get("pod-template-hash") == current_hash
         ]
-        old = [p for p in live if p not in new]
+        new_ids = {id(p) for p in new}
+        old = [p for p in live if id(p) not in new_ids]
+        changed = len(new) != desired or bool(old)
         for _ in range(desired - len(new)):
             self._create_pod(d, current_hash)
         if len(new) > desired:
@@ -207,13 +216,14 @@ class FakeKubelet:
             doomed = sorted(old, key=lambda p: _ready(p))[: len(old) - keep_old]
             for pod in doomed:
                 self.store.delete(PODS, ns, pod["metadata"]["name"])
-        live = [
-            p
-            for p in self.store.items(PODS)
-            if p["metadata"].get("namespace") == ns
-            and any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
-            and not p["metadata"].get("deletionTimestamp")
-        ]
+        if changed:  # pods were created or deleted above: count again
+            live = [
+                p
+                for p in self.store.items(PODS, copied=False)
+                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+                and p["metadata"].get("namespace") == ns
+                and not p["metadata"].get("deletionTimestamp")
+            ]
         ready = sum(1 for p in live if _ready(p))
         updated = sum(
             1
@@ -289,7 +299,7 @@ class FakeKubelet:
 
     # ------------------------------------------------------------ scheduler
 
-    def _schedule(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+    def _schedule(self, pod: dict[str, Any]) -> None:
         want = gpu_request(pod)
         selector = pod["spec"].get("nodeSelector") or {}
         reasons: dict[str, int] = {}
@@ -297,7 +307,7 @@ class FakeKubelet:
             manifest = node.manifest()
             used = sum(
                 gpu_request(p)
-                for p in pods
+                for p in self.store.items(PODS, copied=False)  # fresh: this pass's bindings count
                 if p["spec"].get("nodeName") == node.name
                 and not p["metadata"].get("deletionTimestamp")
             )

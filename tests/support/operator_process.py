@@ -36,7 +36,7 @@ class OperatorProcess:
             "--all-namespaces", "--liveness", liveness,
             *self.extra_args,
         ]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

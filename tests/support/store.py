@@ -162,6 +162,7 @@ class Store:
     compacted: dict[kmock.resource, int] = field(default_factory=dict)
     _watchers: dict[int, Watcher] = field(default_factory=dict)
     listeners: list[Callable[[kmock.resource, Change], None]] = field(default_factory=list)
+    keys: dict[kmock.resource, set[Any]] = field(default_factory=dict)  # live objects by resource
 
     # ------------------------------------------------------------ kinds
 
@@ -223,9 +224,8 @@ class Store:
         spec = crd["spec"]
         for version in spec["versions"]:
             res = kmock.resource(spec["group"], version["name"], spec["names"]["plural"])
-            for key in [k for k in self.emulator.objects if k[0] == res]:
-                if not self.emulator.objects[key].deleted:
-                    self._remove(res, key, {})
+            for key in list(self.keys.get(res, ())):
+                self._remove(res, key, {})
             self.kinds.pop(res, None)
             if res in self.emulator.resources:
                 del self.emulator.resources[res]
@@ -249,10 +249,12 @@ class Store:
             raise not_found(res, name)
         return obj
 
-    def items(self, res: kmock.resource | None = None) -> Iterator[dict[str, Any]]:
-        for (r, _, _), obj in list(self.emulator.objects.items()):
-            if (res is None or r == res) and not obj.deleted:
-                yield copy.deepcopy(obj.raw)
+    def items(self, res: kmock.resource, *, copied: bool = True) -> Iterator[dict[str, Any]]:
+        """Live objects of one resource; `copied=False` for read-only callers (cheaper)."""
+        for key in list(self.keys.get(res, ())):
+            obj = self.emulator.objects[key]
+            if not obj.deleted:
+                yield copy.deepcopy(obj.raw) if copied else obj.raw
 
     def list(
         self,
@@ -264,7 +266,7 @@ class Store:
         kind = self.kind(res)
         items = [
             o
-            for o in self.items(res)
+            for o in self.items(res, copied=False)  # serialized at once, never mutated
             if (not namespace or o["metadata"].get("namespace") == namespace)
             and labels_match(labels, o["metadata"].get("labels"))
             and fields_match(fields, o)
@@ -291,10 +293,13 @@ class Store:
         obj["metadata"]["resourceVersion"] = str(self.rv)
         if type_ == "DELETED":
             self.emulator.objects[key].delete()
+            self.keys.get(res, set()).discard(key)
         elif key in self.emulator.objects:
             self.emulator.objects[key].create(copy.deepcopy(obj))
         else:
             self.emulator.objects[key] = copy.deepcopy(obj)
+        if type_ != "DELETED":
+            self.keys.setdefault(res, set()).add(key)
         change = Change(self.rv, type_, copy.deepcopy(obj), old)
         log = self.log[res]
         if len(log) == log.maxlen:
@@ -620,12 +625,17 @@ class Store:
 
     def _collect_garbage(self, owner_uid: str, policy: str) -> None:
         """Delete (or orphan) every object whose ownerReferences name the deleted owner."""
-        for (r, ns, name), stored in list(self.emulator.objects.items()):
-            if stored.deleted:
-                continue
+        for r, keys in list(self.keys.items()):
+            for key in list(keys):
+                self._collect_one(r, key, owner_uid, policy)
+
+    def _collect_one(self, r: kmock.resource, key: Any, owner_uid: str, policy: str) -> None:
+        _, ns, name = key
+        stored = self.emulator.objects[key]
+        if not stored.deleted:
             refs = stored.raw.get("metadata", {}).get("ownerReferences") or []
             if not any(ref.get("uid") == owner_uid for ref in refs):
-                continue
+                return
             if policy == "Orphan":
                 remaining = [ref for ref in refs if ref.get("uid") != owner_uid]
                 self.update(

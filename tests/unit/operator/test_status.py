@@ -191,3 +191,12 @@ def test_deployment_view_reads_status():
         }
     )
     assert view == DeploymentView(4, 4, 3, 3, 3, 2, 0)
+
+
+def test_fresher_deployment_view():
+    applied = DeploymentView(generation=3, spec_replicas=3, replicas=1)
+    stale_watch = DeploymentView(generation=2, spec_replicas=1, replicas=1)
+    newer_watch = DeploymentView(generation=3, spec_replicas=3, replicas=3)
+    assert rc.fresher(applied, stale_watch) is applied  # the watch has not seen our apply
+    assert rc.fresher(applied, newer_watch) is newer_watch  # same generation, newer counts
+    assert rc.fresher(None, newer_watch) is newer_watch and rc.fresher(applied, None) is applied
