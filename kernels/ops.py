@@ -17,7 +17,6 @@ import os
 from types import ModuleType, SimpleNamespace
 
 import torch
-
 from llmservice.kernels import torch_ops
 from llmservice.kernels.metadata import AttentionMetadata
 

@@ -9,7 +9,6 @@ the matching `AttentionMetadata` with decodes first, then prefill chunks.
 from dataclasses import dataclass
 
 import torch
-
 from llmservice.kernels.metadata import AttentionMetadata
 
 

@@ -1,9 +1,11 @@
 """KV write in Triton: scatter each new token's K and V rows into its slot in the pools.
 
-One program per token copies that token's [Hkv, D] K and V tiles into
-pool[slot // block_size, slot % block_size]. Strides are passed explicitly, so `key` and
-`value` may be column slices of a fused QKV projection without a copy. A negative slot
-means "padding, do not write" (the runner pads batches for CUDA graphs).
+Token t goes to pool[slot // block_size, slot % block_size]. In the pool layout
+[num_blocks, block_size, Hkv, D] one token's [Hkv, D] rows are contiguous, and so are
+they in `key`/`value` when those are column slices of a fused QKV projection (rows of
+Hkv * D contiguous values, any row stride), so each token is one flat run of Hkv * D
+values: a program copies BLOCK_T such runs, no per-head indexing. A negative slot means
+"padding, do not write" (the runner may pad batches for CUDA graphs).
 """
 
 import torch
@@ -18,44 +20,25 @@ def _reshape_and_cache_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_mapping_ptr,
+    num_tokens,
     stride_key_t,
-    stride_key_h,
     stride_value_t,
-    stride_value_h,
-    stride_k_blk,
-    stride_k_tok,
-    stride_k_h,
-    stride_v_blk,
-    stride_v_tok,
-    stride_v_h,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    stride_cache_tok,
+    ROW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_ROW: tl.constexpr,
 ):
-    token = tl.program_id(0)
-    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot < 0:
-        return
-    page = slot // PAGE_SIZE
-    in_page = slot % PAGE_SIZE
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
-    row = token.to(tl.int64)
-    k = tl.load(
-        key_ptr + row * stride_key_t + offs_h[:, None] * stride_key_h + offs_d[None, :],
-        mask=mask,
-    )
-    v = tl.load(
-        value_ptr + row * stride_value_t + offs_h[:, None] * stride_value_h + offs_d[None, :],
-        mask=mask,
-    )
-    k_dst = k_cache_ptr + page * stride_k_blk + in_page * stride_k_tok
-    v_dst = v_cache_ptr + page * stride_v_blk + in_page * stride_v_tok
-    tl.store(k_dst + offs_h[:, None] * stride_k_h + offs_d[None, :], k, mask=mask)
-    tl.store(v_dst + offs_h[:, None] * stride_v_h + offs_d[None, :], v, mask=mask)
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slots = tl.load(slot_mapping_ptr + tokens, mask=tokens < num_tokens, other=-1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_ROW)[None, :]
+    mask = (slots >= 0)[:, None] & (offs < ROW)
+    rows = tokens.to(tl.int64)[:, None]
+    # a dense pool is a flat array of token rows: slot * stride(1) addresses token `slot`
+    dst = slots[:, None] * stride_cache_tok + offs
+    k = tl.load(key_ptr + rows * stride_key_t + offs, mask=mask)
+    v = tl.load(value_ptr + rows * stride_value_t + offs, mask=mask)
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
 def reshape_and_cache(
@@ -69,29 +52,29 @@ def reshape_and_cache(
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
+    row = num_kv_heads * head_dim
     assert key.dtype == k_cache.dtype and value.dtype == v_cache.dtype
-    assert key.stride(-1) == 1 and value.stride(-1) == 1
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    _reshape_and_cache_kernel[(num_tokens,)](
+    for t in (key, value):
+        assert t.stride(2) == 1 and t.stride(1) == head_dim, (
+            "each token's K/V must be one dense row"
+        )
+    for c in (k_cache, v_cache):
+        assert c.is_contiguous(), "the KV pool must be dense"
+    assert k_cache.shape == v_cache.shape
+    block_row = triton.next_power_of_2(row)
+    block_t = max(1, min(64, 4096 // block_row))
+    _reshape_and_cache_kernel[(triton.cdiv(num_tokens, block_t),)](
         key,
         value,
         k_cache,
         v_cache,
         slot_mapping,
+        num_tokens,
         key.stride(0),
-        key.stride(1),
         value.stride(0),
-        value.stride(1),
-        k_cache.stride(0),
         k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE_SIZE=k_cache.shape[1],
+        ROW=row,
+        BLOCK_T=block_t,
+        BLOCK_ROW=block_row,
         num_warps=4,
     )

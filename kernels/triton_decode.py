@@ -20,8 +20,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-
-from llmservice.kernels.triton_common import dot, dot_config, emulate_bf16, round_to
+from llmservice.kernels.triton_common import dot_config, emulate_bf16, round_bf16
 
 LOG2E = 1.4426950408889634
 MIN_TOKENS_PER_SPLIT = 256
@@ -36,22 +35,22 @@ def _decode_split_kernel(
     seq_lens_ptr,
     mid_o_ptr,
     mid_lse_ptr,
+    out_ptr,
     qk_scale,
     num_splits,
     stride_q_b,
     stride_q_h,
-    stride_k_blk,
-    stride_k_tok,
-    stride_k_h,
-    stride_v_blk,
-    stride_v_tok,
-    stride_v_h,
+    stride_kv_blk,
+    stride_kv_tok,
+    stride_kv_h,
     stride_bt_b,
     stride_mo_b,
     stride_mo_h,
     stride_mo_s,
     stride_ml_b,
     stride_ml_h,
+    stride_o_b,
+    stride_o_h,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -60,14 +59,19 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
 ):
-    """Stage 1: one KV range of one sequence for all query heads of one KV head."""
+    """Stage 1: one KV range of one sequence for all query heads of one KV head.
+
+    With SINGLE_SPLIT the range is the whole context and the final output is written
+    directly (large batches need no merge pass).
+    """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = ((seq_len + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     if start >= end:
@@ -84,60 +88,61 @@ def _decode_split_kernel(
         mask=mask_h[:, None] & mask_d[None, :],
         other=0.0,
     )
+    if EMULATE_BF16:
+        q = q.to(tl.float32)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    l_i = tl.full([BLOCK_H], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_H, BLOCK_D], 0.0, dtype=tl.float32)
     table = block_tables_ptr + seq * stride_bt_b
+    k_base = k_cache_ptr + kv_head * stride_kv_h + offs_d[None, :]
+    v_base = v_cache_ptr + kv_head * stride_kv_h + offs_d[None, :]
 
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        in_page = offs_n % PAGE_SIZE
+        token = (page * stride_kv_blk + (offs_n % PAGE_SIZE) * stride_kv_tok)[:, None]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_cache_ptr
-            + page[:, None] * stride_k_blk
-            + in_page[:, None] * stride_k_tok
-            + kv_head * stride_k_h
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        s = dot(q, tl.trans(k), PRECISION, EMULATE_BF16) * qk_scale  # log2 domain
+        k = tl.load(k_base + token, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + token, mask=kv_mask, other=0.0)
+        if EMULATE_BF16:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr
-            + page[:, None] * stride_v_blk
-            + in_page[:, None] * stride_v_tok
-            + kv_head * stride_v_h
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, EMULATE_BF16)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     out_mask = mask_h[:, None] & mask_d[None, :]
-    tl.store(
-        mid_o_ptr
-        + seq * stride_mo_b
-        + heads[:, None] * stride_mo_h
-        + split * stride_mo_s
-        + offs_d[None, :],
-        acc / l_i[:, None],
-        mask=out_mask,
-    )
-    tl.store(
-        mid_lse_ptr + seq * stride_ml_b + heads * stride_ml_h + split,
-        m_i + tl.log2(l_i),
-        mask=mask_h,
-    )
+    if SINGLE_SPLIT:
+        result = acc / l_i[:, None]
+        if EMULATE_BF16:
+            result = round_bf16(result)
+        tl.store(
+            out_ptr + seq * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
+            result.to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
+    else:
+        tl.store(
+            mid_o_ptr
+            + seq * stride_mo_b
+            + heads[:, None] * stride_mo_h
+            + split * stride_mo_s
+            + offs_d[None, :],
+            acc / l_i[:, None],
+            mask=out_mask,
+        )
+        tl.store(
+            mid_lse_ptr + seq * stride_ml_b + heads * stride_ml_h + split,
+            m_i + tl.log2(l_i),
+            mask=mask_h,
+        )
 
 
 @triton.jit
@@ -147,6 +152,7 @@ def _decode_reduce_kernel(
     out_ptr,
     seq_lens_ptr,
     num_splits,
+    num_heads,
     stride_mo_b,
     stride_mo_h,
     stride_mo_s,
@@ -155,40 +161,42 @@ def _decode_reduce_kernel(
     stride_o_b,
     stride_o_h,
     HEAD_DIM: tl.constexpr,
+    BLOCK_HR: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
 ):
-    """Stage 2: merge the non-empty splits of one (sequence, query head) by LSE rescaling."""
+    """Stage 2: merge the non-empty splits of BLOCK_HR heads of one sequence by LSE rescaling."""
     seq = tl.program_id(0)
-    head = tl.program_id(1)
+    heads = tl.program_id(1) * BLOCK_HR + tl.arange(0, BLOCK_HR)
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    used = tl.cdiv(seq_len, tl.maximum(split_len, 1))
+    split_len = ((seq_len + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    used = (seq_len + split_len - 1) // tl.maximum(split_len, 1)
 
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    m = float("-inf")
-    l_sum = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    mask_h = heads < num_heads
+    mask = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+    lse_ptrs = mid_lse_ptr + seq * stride_ml_b + heads * stride_ml_h
+    part_ptrs = mid_o_ptr + seq * stride_mo_b + heads[:, None] * stride_mo_h + offs_d[None, :]
+    m = tl.full([BLOCK_HR], float("-inf"), dtype=tl.float32)
+    l_sum = tl.full([BLOCK_HR], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_HR, BLOCK_D], 0.0, dtype=tl.float32)
     for s in range(0, used):
-        lse = tl.load(mid_lse_ptr + seq * stride_ml_b + head * stride_ml_h + s)
-        part = tl.load(
-            mid_o_ptr + seq * stride_mo_b + head * stride_mo_h + s * stride_mo_s + offs_d,
-            mask=mask_d,
-            other=0.0,
-        )
+        lse = tl.load(lse_ptrs + s, mask=mask_h, other=0.0)
+        part = tl.load(part_ptrs + s * stride_mo_s, mask=mask, other=0.0)
         m_new = tl.maximum(m, lse)
         alpha = tl.exp2(m - m_new)
         beta = tl.exp2(lse - m_new)
-        acc = acc * alpha + part * beta
+        acc = acc * alpha[:, None] + part * beta[:, None]
         l_sum = l_sum * alpha + beta
         m = m_new
-    result = tl.where(l_sum > 0, acc / l_sum, 0.0)
+    result = tl.where(l_sum[:, None] > 0, acc / l_sum[:, None], 0.0)
+    if EMULATE_BF16:
+        result = round_bf16(result)
     tl.store(
-        out_ptr + seq * stride_o_b + head * stride_o_h + offs_d,
-        round_to(result, out_ptr.dtype.element_ty, EMULATE_BF16),
-        mask=mask_d,
+        out_ptr + seq * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
+        result.to(out_ptr.dtype.element_ty),
+        mask=mask,
     )
 
 
@@ -244,12 +252,14 @@ def paged_decode_attention(
 
     `max_seq_len` (a host int) sizes the split count without a device sync; pass
     `num_splits` to fix it (tests, CUDA graphs). `workspace` reuses preallocated
-    stage-1 buffers (see `decode_workspace`).
+    stage-1 buffers (see `decode_workspace`); with one split there is no stage 2 and no
+    workspace. Every sequence must have seq_len >= 1.
     """
     batch, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
-    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride(), "K and V pools share one layout"
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -258,10 +268,16 @@ def paged_decode_attention(
         if max_seq_len is None:
             max_seq_len = int(seq_lens[:batch].max())
         num_splits = choose_num_splits(batch, num_kv_heads, max_seq_len, _num_sms(q.device))
-    if workspace is None:
+    single = num_splits == 1
+    if workspace is None and not single:
         workspace = decode_workspace(batch, num_heads, head_dim, num_splits, q.device)
-    mid_o, mid_lse = workspace
-    assert mid_o.shape[2] >= num_splits and mid_lse.shape[2] >= num_splits
+    if single:  # stage 1 writes `out` directly; the workspace pointers go unused
+        mid_o, mid_lse = out, out
+        mid_o_strides, mid_lse_strides = (0, 0, 0), (0, 0)
+    else:
+        mid_o, mid_lse = workspace
+        assert mid_o.shape[2] >= num_splits and mid_lse.shape[2] >= num_splits
+        mid_o_strides, mid_lse_strides = mid_o.stride()[:3], mid_lse.stride()[:2]
 
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
@@ -274,6 +290,7 @@ def paged_decode_attention(
         seq_lens,
         mid_o,
         mid_lse,
+        out,
         scale * LOG2E,
         num_splits,
         q.stride(0),
@@ -281,31 +298,32 @@ def paged_decode_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
         block_tables.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
+        *mid_o_strides,
+        *mid_lse_strides,
+        out.stride(0),
+        out.stride(1),
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         PAGE_SIZE=page_size,
-        **dot_config(_decode_split_kernel, q.dtype),
+        SINGLE_SPLIT=single,
         num_warps=num_warps,
         num_stages=num_stages,
+        **dot_config(_decode_split_kernel, q.dtype),
     )
-    _decode_reduce_kernel[(batch, num_heads)](
+    if single:
+        return out
+    block_hr = min(16, triton.next_power_of_2(num_heads))
+    _decode_reduce_kernel[(batch, triton.cdiv(num_heads, block_hr))](
         mid_o,
         mid_lse,
         out,
         seq_lens,
         num_splits,
+        num_heads,
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -314,6 +332,7 @@ def paged_decode_attention(
         out.stride(0),
         out.stride(1),
         HEAD_DIM=head_dim,
+        BLOCK_HR=block_hr,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         EMULATE_BF16=emulate_bf16(_decode_reduce_kernel, out.dtype),

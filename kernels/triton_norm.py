@@ -11,8 +11,7 @@ the weight.
 import torch
 import triton
 import triton.language as tl
-
-from llmservice.kernels.triton_common import emulate_bf16, round_to
+from llmservice.kernels.triton_common import emulate_bf16, round_bf16
 
 
 @triton.jit
@@ -37,16 +36,23 @@ def _rms_norm_kernel(
     if ADD_RESIDUAL:
         r_ptrs = residual_ptr + row * stride_r + offs
         r = tl.load(r_ptrs, mask=mask, other=0.0)
-        summed = round_to(x.to(tl.float32) + r.to(tl.float32), r.dtype, EMULATE_BF16)
+        summed = x.to(tl.float32) + r.to(tl.float32)
+        if EMULATE_BF16:
+            summed = round_bf16(summed)
+        summed = summed.to(r.dtype)
         tl.store(r_ptrs, summed, mask=mask)
         x = summed
     xf = x.to(tl.float32)
     mean_sq = tl.sum(xf * xf, axis=0) / hidden
-    normed = round_to(xf * tl.rsqrt(mean_sq + eps), x.dtype, EMULATE_BF16)
+    normed = xf * tl.rsqrt(mean_sq + eps)
+    if EMULATE_BF16:
+        normed = round_bf16(normed)
+    normed = normed.to(x.dtype)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
     y = normed.to(tl.float32) * w.to(tl.float32)
-    y = round_to(y, out_ptr.dtype.element_ty, EMULATE_BF16)
-    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
+    if EMULATE_BF16:
+        y = round_bf16(y)
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

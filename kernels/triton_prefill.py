@@ -7,87 +7,23 @@ sits at position ctx + i and sees positions 0..ctx + i. Reading everything, pref
 new tokens alike, through the block table keeps one code path for fresh prefills,
 prefix hits and chunked prefill.
 
-Grid: (query tiles of BLOCK_M tokens, sequences, query heads). Programs past their
-sequence's chunk exit at once; that costs little next to the real tiles, and avoids a
-host-built tile->sequence map (and its per-step upload). Within a program the KV loop
-runs in two phases: tiles entirely below the tile's first query position need no mask,
-then the few diagonal tiles are masked causally; tiles above the diagonal are skipped.
-Softmax is online (flash-attention) in fp32 and in the log2 domain.
+Grid: (query tiles, sequences, KV heads). A tile's BLOCK_M rows are BLOCK_M // GROUP
+query tokens times the GROUP query heads that share the program's KV head, so each K/V
+tile is loaded once for the whole group (GQA packing). Programs past their sequence's
+chunk exit at once; that costs little next to the real tiles, and avoids a
+host-built tile->sequence map (and its per-step upload). Each program walks KV tiles
+from position 0 up to the causal limit of its last query row (tiles above the diagonal
+are skipped) with one causal mask on every tile: a separate unmasked loop for the tiles
+below the diagonal would save a compare-and-select per score on a GPU, but doubles the
+code and, under the interpreter, the per-op cost. Softmax is online (flash-attention),
+in fp32 and in the log2 domain.
 """
 
 import torch
 import triton
 import triton.language as tl
-
-from llmservice.kernels.triton_common import dot, dot_config, round_to
+from llmservice.kernels.triton_common import dot_config, round_bf16
 from llmservice.kernels.triton_decode import LOG2E
-
-
-@triton.jit
-def _attend_tiles(
-    acc,
-    m_i,
-    l_i,
-    q,
-    k_cache_ptr,
-    v_cache_ptr,
-    table,
-    kv_head,
-    lo,
-    hi,
-    seq_len,
-    pos_q,
-    qk_scale,
-    stride_k_blk,
-    stride_k_tok,
-    stride_k_h,
-    stride_v_blk,
-    stride_v_tok,
-    stride_v_h,
-    offs_d,
-    mask_d,
-    CAUSAL_MASK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    PRECISION: tl.constexpr,
-    EMULATE_BF16: tl.constexpr,
-):
-    """Online-softmax update of (acc, m_i, l_i) with KV positions [lo, hi)."""
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < seq_len
-        page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        in_page = offs_n % PAGE_SIZE
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_cache_ptr
-            + page[:, None] * stride_k_blk
-            + in_page[:, None] * stride_k_tok
-            + kv_head * stride_k_h
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        s = dot(q, tl.trans(k), PRECISION, EMULATE_BF16) * qk_scale
-        if CAUSAL_MASK:
-            visible = (offs_n[None, :] <= pos_q[:, None]) & mask_n[None, :]
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr
-            + page[:, None] * stride_v_blk
-            + in_page[:, None] * stride_v_tok
-            + kv_head * stride_v_h
-            + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, EMULATE_BF16)
-        m_i = m_new
-    return acc, m_i, l_i
 
 
 @triton.jit
@@ -105,16 +41,14 @@ def _prefill_kernel(
     stride_q_h,
     stride_o_t,
     stride_o_h,
-    stride_k_blk,
-    stride_k_tok,
-    stride_k_h,
-    stride_v_blk,
-    stride_v_tok,
-    stride_v_h,
+    stride_kv_blk,
+    stride_kv_tok,
+    stride_kv_h,
     stride_bt_b,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -123,59 +57,78 @@ def _prefill_kernel(
 ):
     tile = tl.program_id(0)
     seq = first_seq + tl.program_id(1)
-    head = tl.program_id(2)
+    kv_head = tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    if tile * BLOCK_M >= q_len:
+    if tile * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     ctx = seq_len - q_len
-    kv_head = head // GROUP
 
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    # Row r of the tile is query token tile * BLOCK_Q + r // GROUP, head r % GROUP of
+    # this KV head's group: all heads sharing a KV head share one pass over K/V.
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_q = tile * BLOCK_Q + offs_r // GROUP
+    heads = kv_head * GROUP + offs_r % GROUP
+    mask_r = (offs_r < BLOCK_Q * GROUP) & (offs_q < q_len)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < q_len
     mask_d = offs_d < HEAD_DIM
-    rows = (q_start + offs_m).to(tl.int64)
+    io_mask = mask_r[:, None] & mask_d[None, :]
+    rows = (q_start + offs_q).to(tl.int64)
     q = tl.load(
-        q_ptr + rows[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :],
-        mask=mask_m[:, None] & mask_d[None, :],
+        q_ptr + rows[:, None] * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :],
+        mask=io_mask,
         other=0.0,
     )
-    pos_q = ctx + offs_m
+    if EMULATE_BF16:
+        q = q.to(tl.float32)
+    pos_q = (ctx + offs_q)[:, None]
 
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
     table = block_tables_ptr + seq * stride_bt_b
+    k_base = k_cache_ptr + kv_head * stride_kv_h + offs_d[None, :]
+    v_base = v_cache_ptr + kv_head * stride_kv_h + offs_d[None, :]
 
-    # Every query row of this tile sees at least positions 0..ctx + tile * BLOCK_M.
-    first_pos = ctx + tile * BLOCK_M
-    unmasked_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N
-    causal_end = tl.minimum(seq_len, first_pos + BLOCK_M)
-    acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, kv_head, 0, unmasked_end,
-        seq_len, pos_q, qk_scale, stride_k_blk, stride_k_tok, stride_k_h,
-        stride_v_blk, stride_v_tok, stride_v_h, offs_d, mask_d,
-        False, BLOCK_N, PAGE_SIZE, PRECISION, EMULATE_BF16,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, kv_head, unmasked_end, causal_end,
-        seq_len, pos_q, qk_scale, stride_k_blk, stride_k_tok, stride_k_h,
-        stride_v_blk, stride_v_tok, stride_v_h, offs_d, mask_d,
-        True, BLOCK_N, PAGE_SIZE, PRECISION, EMULATE_BF16,
-    )  # fmt: skip
+    # Causal tile skipping: the tile's last query token sees up to position ctx + its index.
+    kv_end = tl.minimum(seq_len, ctx + (tile + 1) * BLOCK_Q)
+    for n0 in range(0, kv_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_end
+        page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        token = (page * stride_kv_blk + (offs_n % PAGE_SIZE) * stride_kv_tok)[:, None]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_base + token, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + token, mask=kv_mask, other=0.0)
+        if EMULATE_BF16:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
+        # one mask covers causality and the ragged end (offs_n >= kv_end > pos_q never both)
+        s = tl.where(offs_n[None, :] <= pos_q, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
 
     result = acc / l_i[:, None]
+    if EMULATE_BF16:
+        result = round_bf16(result)
     tl.store(
-        out_ptr + rows[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
-        round_to(result, out_ptr.dtype.element_ty, EMULATE_BF16),
-        mask=mask_m[:, None] & mask_d[None, :],
+        out_ptr + rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
+        result.to(out_ptr.dtype.element_ty),
+        mask=io_mask,
     )
 
 
 def _tiles(head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): 64x64 keeps q, K, V and the accumulator in registers up to D=128."""
+    """(BLOCK_M, BLOCK_N): 64x64 keeps q, K, V and the accumulator in registers up to D=128.
+
+    BLOCK_M counts rows (query tokens x heads of one GQA group), not tokens.
+    """
     return (64, 64) if head_dim <= 128 else (32, 32)
 
 
@@ -206,17 +159,20 @@ def paged_prefill_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
-    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride(), "K and V pools share one layout"
     if out is None:
         out = torch.empty_like(q)
     if num_seqs is None:
         num_seqs = query_start_loc.shape[0] - 1 - first_seq
     if num_seqs <= 0 or max_query_len <= 0:
         return out
+    group = num_heads // num_kv_heads
     default_m, default_n = _tiles(head_dim)
-    block_m = block_m or default_m
+    block_m = max(block_m or default_m, triton.next_power_of_2(group))
     block_n = block_n or default_n
-    grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
+    block_q = block_m // group
+    grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         q,
         out,
@@ -234,13 +190,11 @@ def paged_prefill_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
         block_tables.stride(0),
-        GROUP=num_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_M=block_m,
+        BLOCK_Q=block_q,
         BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE_SIZE=page_size,

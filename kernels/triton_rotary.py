@@ -11,22 +11,7 @@ q and k may be strided views into a fused QKV output; only the last dim must be 
 import torch
 import triton
 import triton.language as tl
-
-from llmservice.kernels.triton_common import emulate_bf16, round_to
-
-
-@triton.jit
-def _rotate_heads(
-    ptr, row, stride_t, stride_h, num_heads, cos, sin, offs_h, offs_half, HALF, EMULATE_BF16
-):
-    mask = (offs_h[:, None] < num_heads) & (offs_half[None, :] < HALF)
-    base = ptr + row * stride_t + offs_h[:, None] * stride_h + offs_half[None, :]
-    x1 = tl.load(base, mask=mask, other=0.0)
-    x2 = tl.load(base + HALF, mask=mask, other=0.0)
-    x1f = x1.to(tl.float32)
-    x2f = x2.to(tl.float32)
-    tl.store(base, round_to(x1f * cos - x2f * sin, x1.dtype, EMULATE_BF16), mask=mask)
-    tl.store(base + HALF, round_to(x2f * cos + x1f * sin, x1.dtype, EMULATE_BF16), mask=mask)
+from llmservice.kernels.triton_common import emulate_bf16, round_bf16
 
 
 @triton.jit
@@ -56,14 +41,34 @@ def _rotary_kernel(
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs_half, mask=mask_half, other=0.0)
     cos = cos.to(tl.float32)[None, :]
     sin = sin.to(tl.float32)[None, :]
-    _rotate_heads(
-        q_ptr, row, stride_q_t, stride_q_h, NUM_Q_HEADS, cos, sin,
-        tl.arange(0, BLOCK_HQ), offs_half, HALF, EMULATE_BF16,
-    )  # fmt: skip
-    _rotate_heads(
-        k_ptr, row, stride_k_t, stride_k_h, NUM_K_HEADS, cos, sin,
-        tl.arange(0, BLOCK_HK), offs_half, HALF, EMULATE_BF16,
-    )  # fmt: skip
+
+    # query heads (written out twice rather than through a helper: see triton_common)
+    offs_h = tl.arange(0, BLOCK_HQ)
+    mask = (offs_h[:, None] < NUM_Q_HEADS) & mask_half[None, :]
+    ptrs = q_ptr + row * stride_q_t + offs_h[:, None] * stride_q_h + offs_half[None, :]
+    x1 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * cos - x2 * sin
+    y2 = x2 * cos + x1 * sin
+    if EMULATE_BF16:
+        y1 = round_bf16(y1)
+        y2 = round_bf16(y2)
+    tl.store(ptrs, y1.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs + HALF, y2.to(q_ptr.dtype.element_ty), mask=mask)
+
+    # key heads
+    offs_h = tl.arange(0, BLOCK_HK)
+    mask = (offs_h[:, None] < NUM_K_HEADS) & mask_half[None, :]
+    ptrs = k_ptr + row * stride_k_t + offs_h[:, None] * stride_k_h + offs_half[None, :]
+    x1 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * cos - x2 * sin
+    y2 = x2 * cos + x1 * sin
+    if EMULATE_BF16:
+        y1 = round_bf16(y1)
+        y2 = round_bf16(y2)
+    tl.store(ptrs, y1.to(k_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs + HALF, y2.to(k_ptr.dtype.element_ty), mask=mask)
 
 
 def rotary_embedding(

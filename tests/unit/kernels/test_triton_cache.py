@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from llmservice.kernels import reference
 from llmservice.kernels.triton_cache import reshape_and_cache
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from llmservice.kernels import reference
 from llmservice.kernels.random_batch import make_paged_batch
 from llmservice.kernels.triton_decode import (

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from llmservice.kernels import reference
 from llmservice.kernels.triton_norm import fused_add_rms_norm, rms_norm
 

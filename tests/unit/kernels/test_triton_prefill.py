@@ -7,7 +7,6 @@ prefix-cache hits produce. The kernel must write exactly the prefill rows.
 
 import pytest
 import torch
-
 from llmservice.kernels import reference
 from llmservice.kernels.random_batch import make_paged_batch
 from llmservice.kernels.triton_prefill import paged_prefill_attention
