@@ -1,0 +1,143 @@
+"""Async HTTP load generator: streams each request over SSE and times every chunk.
+
+The client runs in its own event loop; `/health` probes (optional) run in a separate
+thread with their own connection so the load's parsing work does not delay them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+from llmservice.server.bench.arrivals import arrival_offsets
+from llmservice.server.bench.datasets import BenchPrompt
+from llmservice.server.bench.stats import RequestResult
+
+
+def build_payload(endpoint: str, model: str, p: BenchPrompt, temperature: float, extra: dict) -> dict:
+    body: dict = {"model": model, "max_tokens": p.output_len, "temperature": temperature, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if endpoint.endswith("/chat/completions"):
+        body["messages"] = [{"role": "user", "content": p.prompt}]
+    else:
+        body["prompt"] = p.prompt
+    body.update(extra)
+    return body
+
+
+async def send_request(http: httpx.AsyncClient, url: str, body: dict, approx_prompt_len: int, t0: float) -> RequestResult:
+    result = RequestResult(success=False, prompt_len=approx_prompt_len)
+    start = time.perf_counter()
+    result.start = start - t0
+    last = None
+    chunks = 0
+    try:
+        async with http.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                msg = json.loads(data)
+                if "error" in msg:
+                    result.error = str(msg["error"])[:300]
+                    return result
+                now = time.perf_counter()
+                if msg.get("choices"):
+                    if last is None:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                    chunks += 1
+                usage = msg.get("usage")
+                if usage:
+                    result.prompt_len = usage.get("prompt_tokens", result.prompt_len)
+                    result.output_len = usage.get("completion_tokens", chunks)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.latency = time.perf_counter() - start
+    result.output_len = result.output_len or chunks
+    result.success = chunks > 0
+    if not result.success:
+        result.error = "no tokens received"
+    return result
+
+
+async def run_load(
+    base_url: str,
+    endpoint: str,
+    payloads: list[tuple[dict, int]],
+    request_rate: float,
+    burstiness: float,
+    max_concurrency: int | None,
+    seed: int,
+    on_done: Callable[[RequestResult], None] | None = None,
+    timeout_s: float = 3600.0,
+) -> tuple[list[RequestResult], float]:
+    """Send every payload on the gamma schedule; returns results (input order) and the duration."""
+    offsets = arrival_offsets(len(payloads), request_rate, burstiness, seed)
+    limit = max_concurrency or len(payloads)
+    sem = asyncio.Semaphore(limit)
+    limits = httpx.Limits(max_connections=limit + 4, max_keepalive_connections=limit + 4)
+    url = base_url.rstrip("/") + endpoint
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as http:
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> RequestResult:
+            delay = offsets[i] - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with sem:
+                body, approx = payloads[i]
+                r = await send_request(http, url, body, approx, t0)
+            if on_done:
+                on_done(r)
+            return r
+
+        results = await asyncio.gather(*(one(i) for i in range(len(payloads))))
+        duration = time.perf_counter() - t0
+    return list(results), duration
+
+
+class HealthProbe:
+    """GET /health every interval on its own thread; latencies in seconds."""
+
+    def __init__(self, url: str, interval_s: float = 0.05):
+        self.url = url
+        self.interval_s = interval_s
+        self.latencies: list[float] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as http:
+            while not self._stop.is_set():
+                t = time.perf_counter()
+                try:
+                    ok = http.get(self.url).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.latencies.append(time.perf_counter() - t)
+                else:
+                    self.failures += 1
+                self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(15)
