@@ -1,0 +1,166 @@
+"""Offline throughput: our engine vs HF transformers static batching, same run, same machine.
+
+Writes bench/results/offline_throughput.json. Also measures this machine's raw fp32
+matmul rate on the model's own GEMM shapes and reports the engine's achieved model
+FLOP/s in decode steps at batch >= 64 as a fraction of it.
+
+    .venv/bin/python bench/offline_throughput.py [--num-requests 256] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llmservice.server.config import EngineConfig  # noqa: E402
+from llmservice.server.engine.engine import LLMEngine  # noqa: E402
+from llmservice.server.engine.sampling_params import SamplingParams  # noqa: E402
+from llmservice.server.model.loader import load_model  # noqa: E402
+from workloads import sharegpt_like  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def gemm_shapes(cfg) -> list[tuple[int, int]]:
+    """(in, out) of every matmul in one decoder step, plus the LM head."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    per_layer = [(h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)]
+    return per_layer * cfg.num_layers + [(h, cfg.vocab_size)]
+
+
+def model_flops_per_token(cfg, context_len: int) -> float:
+    gemm = sum(2 * a * b for a, b in gemm_shapes(cfg))
+    attn = cfg.num_layers * 4 * cfg.num_heads * cfg.head_dim * context_len  # QK^T and PV
+    return gemm + attn
+
+
+def raw_matmul_rate(cfg, m: int, repeats: int = 3) -> float:
+    """FLOP/s of plain torch fp32 matmuls over the model's GEMM shapes at batch m."""
+    shapes = gemm_shapes(cfg)
+    mats = {s: torch.randn(s[1], s[0]) for s in set(shapes)}
+    x = {s: torch.randn(m, s[0]) for s in set(shapes)}
+    flops = sum(2 * m * a * b for a, b in shapes)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for s in shapes:
+            torch.nn.functional.linear(x[s], mats[s])
+        best = min(best, time.perf_counter() - t0)
+    return flops / best
+
+
+def run_engine(loaded, workload, max_num_seqs: int) -> dict:
+    engine = LLMEngine(
+        EngineConfig(max_model_len=1024, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, kv_cache_memory_gib=2.0),
+        loaded=loaded,
+    )
+    for prompt, out_len in workload:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
+    decode_steps = []
+    generated = 0
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        generated += len(outs)
+        st = engine.last_step
+        if st.num_prompt_tokens == 0 and st.num_batched_tokens >= 64:
+            ctx = statistics.fmean(r.num_tokens for r in engine.scheduler.running) if engine.scheduler.running else 0
+            decode_steps.append((st.num_batched_tokens, st.duration_s, ctx))
+    elapsed = time.perf_counter() - t0
+    return {"elapsed_s": elapsed, "output_tokens": generated, "output_tok_per_s": generated / elapsed, "decode_steps": decode_steps}
+
+
+def run_hf(model, workload, batch_size: int) -> dict:
+    useful = 0
+    t0 = time.perf_counter()
+    for start in range(0, len(workload), batch_size):
+        batch = workload[start : start + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.full((len(batch), width), 2, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (p, _) in enumerate(batch):  # left padding
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        max_new = max(o for _, o in batch)
+        with torch.no_grad():
+            model.generate(
+                ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                do_sample=False, pad_token_id=2, eos_token_id=None,
+            )
+        useful += sum(o for _, o in batch)  # tokens the requests asked for; the rest is static-batch waste
+    elapsed = time.perf_counter() - t0
+    return {"elapsed_s": elapsed, "requests": len(workload), "output_tokens": useful, "output_tok_per_s": useful / elapsed}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--hf-requests", type=int, default=128, help="HF runs on the first N requests (same distribution)")
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model("builtin:smollm2-135m", torch.float32)
+    cfg = loaded.config
+    workload = sharegpt_like(args.num_requests, seed=0)
+    result: dict = {
+        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "workload": {
+            "num_requests": len(workload),
+            "mean_prompt_tokens": statistics.fmean(len(p) for p, _ in workload),
+            "mean_output_tokens": statistics.fmean(o for _, o in workload),
+            "distribution": "bench/workloads.py sharegpt_like(seed=0)",
+        },
+    }
+    rate64 = raw_matmul_rate(cfg, 64)
+    rate128 = raw_matmul_rate(cfg, 128)
+    print(f"raw fp32 matmul rate on model GEMMs: {rate64 / 1e9:.1f} GFLOP/s (M=64), {rate128 / 1e9:.1f} (M=128)")
+
+    ours = run_engine(loaded, workload, args.max_num_seqs)
+    steps = ours.pop("decode_steps")
+    step_rates = [n * model_flops_per_token(cfg, ctx) / dt for n, dt, ctx in steps]
+    mean_batch = statistics.fmean(n for n, _, _ in steps) if steps else 0
+    raw = rate128 if mean_batch >= 96 else rate64
+    ours["decode_steps_batch_ge_64"] = len(steps)
+    ours["decode_mean_batch"] = mean_batch
+    ours["decode_model_flops_per_s_median"] = statistics.median(step_rates) if step_rates else 0.0
+    ours["decode_fraction_of_raw_matmul"] = ours["decode_model_flops_per_s_median"] / raw if step_rates else 0.0
+    print(f"engine: {ours['output_tok_per_s']:.1f} output tok/s; decode at batch~{mean_batch:.0f}: "
+          f"{ours['decode_model_flops_per_s_median'] / 1e9:.1f} GFLOP/s = {ours['decode_fraction_of_raw_matmul']:.0%} of raw matmul")
+    result["engine"] = ours
+    result["raw_matmul_flops_per_s"] = {"m64": rate64, "m128": rate128}
+
+    if not args.skip_hf:
+        import transformers
+
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            str(loaded.path.parent), gguf_file=loaded.path.name, dtype=torch.float32
+        ).eval()
+        subset = workload[: args.hf_requests]
+        result["hf"] = {}
+        for bsz in (16, 64):
+            r = run_hf(hf, subset, bsz)
+            result["hf"][f"batch{bsz}"] = r
+            print(f"HF static batch {bsz}: {r['output_tok_per_s']:.1f} useful output tok/s")
+        best = max(v["output_tok_per_s"] for v in result["hf"].values())
+        result["ratio_vs_best_hf"] = ours["output_tok_per_s"] / best
+        print(f"ratio engine / best HF: {result['ratio_vs_best_hf']:.2f}x")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "offline_throughput.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {RESULTS / 'offline_throughput.json'}")
+
+
+if __name__ == "__main__":
+    main()
