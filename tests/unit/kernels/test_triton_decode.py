@@ -101,3 +101,28 @@ def test_choose_num_splits_fills_the_gpu_only_when_needed():
     # short contexts are not split below MIN_TOKENS_PER_SPLIT tokens per split
     assert choose_num_splits(batch=1, num_kv_heads=1, max_seq_len=300, num_sms=132) == 2
     assert choose_num_splits(batch=1, num_kv_heads=1, max_seq_len=1, num_sms=132) == 1
+
+
+def test_many_query_heads_merge_in_several_head_blocks(device):
+    # 32 query heads: stage 2 merges them in two blocks of 16
+    run_decode((129, 7), num_kv_heads=4, group=8, num_splits=3, device=device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
+def test_full_sweep(block_size, group, head_dim, dtype, device):
+    for num_splits in (1, 4):
+        run_decode(
+            ODD_LENGTHS,
+            block_size=block_size,
+            num_kv_heads=2,
+            group=group,
+            head_dim=head_dim,
+            dtype=dtype,
+            num_splits=num_splits,
+            device=device,
+            seed=block_size * group + head_dim,
+        )

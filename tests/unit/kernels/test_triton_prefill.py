@@ -108,3 +108,35 @@ def test_only_decodes_writes_nothing(device):
         meta.query_start_loc, batch.scale, max_query_len=1, first_seq=1, out=out,
     )  # fmt: skip
     assert torch.isnan(out).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
+def test_full_sweep(block_size, group, head_dim, dtype, device):
+    run_prefill(
+        MIXED + [(129, 129)],
+        block_size=block_size,
+        num_kv_heads=2,
+        group=group,
+        head_dim=head_dim,
+        dtype=dtype,
+        device=device,
+        seed=block_size * group + head_dim,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_fresh_prompts(dtype, device):
+    run_prefill(
+        [(1, 1000), (1000, 1000), (999, 1000)],
+        block_size=16,
+        num_kv_heads=1,
+        group=8,
+        head_dim=128,
+        dtype=dtype,
+        device=device,
+    )

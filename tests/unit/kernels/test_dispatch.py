@@ -1,0 +1,110 @@
+"""kernels.ops picks Triton or torch per call: CUDA tensors -> Triton, CPU -> torch, and
+LLMSERVICE_KERNELS=triton|torch overrides. Both paths must agree on a model-like step."""
+
+import pytest
+import torch
+from llmservice.kernels import ops, reference, torch_ops, triton_decode, triton_prefill
+from llmservice.kernels.random_batch import make_paged_batch
+
+
+def test_backend_choice(monkeypatch):
+    cpu = torch.zeros(1)
+    monkeypatch.delenv("LLMSERVICE_KERNELS", raising=False)
+    assert ops.backend_for(cpu) == "torch"
+    monkeypatch.setenv("LLMSERVICE_KERNELS", "triton")
+    assert ops.backend_for(cpu) == "triton"
+    monkeypatch.setenv("LLMSERVICE_KERNELS", " Torch ")
+    assert ops.backend_for(cpu) == "torch"
+    monkeypatch.setenv("LLMSERVICE_KERNELS", "bogus")
+    assert ops.backend_for(cpu) == "torch"
+
+
+def _step(path: str, monkeypatch, dtype=torch.float32):
+    """One attention layer of a mixed step through ops: rotary, KV write, attention."""
+    monkeypatch.setenv("LLMSERVICE_KERNELS", path)
+    batch = make_paged_batch(
+        [(1, 50), (1, 9), (12, 12), (6, 40)],
+        num_kv_heads=2,
+        group=3,
+        head_dim=64,
+        block_size=16,
+        dtype=dtype,
+        seed=5,
+    )
+    meta = batch.meta
+    gen = torch.Generator().manual_seed(9)
+    tokens = batch.q.shape[0]
+    k_new = torch.randn(tokens, 2, 64, generator=gen).to(dtype)
+    v_new = torch.randn(tokens, 2, 64, generator=gen).to(dtype)
+    positions = torch.tensor(
+        [
+            p
+            for q, s in zip(meta.query_lens, meta.seq_lens_host, strict=True)
+            for p in range(s - q, s)
+        ]
+    )
+    cache = reference.rotary_cos_sin_cache(64, 64)
+    q = batch.q.clone()
+    ops.rotary_embedding(positions, q, k_new, cache)
+    ops.reshape_and_cache(k_new, v_new, batch.k_cache, batch.v_cache, meta.slot_mapping)
+    return ops.paged_attention(q, batch.k_cache, batch.v_cache, meta, batch.scale), (q, batch, meta)
+
+
+def test_forced_triton_matches_torch_and_reference(monkeypatch):
+    calls = []
+    for module, name in (
+        (triton_decode, "paged_decode_attention"),
+        (triton_prefill, "paged_prefill_attention"),
+    ):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k)
+        )
+
+    via_torch, _ = _step("torch", monkeypatch)
+    assert calls == []
+    via_triton, (q, batch, meta) = _step("triton", monkeypatch)
+    assert calls == ["paged_decode_attention", "paged_prefill_attention"]
+
+    want = reference.paged_attention(
+        q,
+        batch.k_cache,
+        batch.v_cache,
+        meta.block_tables,
+        meta.seq_lens_host,
+        meta.query_lens,
+        batch.scale,
+    )
+    reference.assert_close(via_triton, want, torch.float32)
+    reference.assert_close(via_torch, want, torch.float32)
+
+
+def test_forced_triton_norms_match_torch(monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    x, residual = torch.randn(2, 5, 576, generator=gen)
+    weight = torch.randn(576, generator=gen)
+    results = {}
+    for path in ("torch", "triton"):
+        monkeypatch.setenv("LLMSERVICE_KERNELS", path)
+        res = residual.clone()
+        normed = ops.rms_norm(x, weight, 1e-5)
+        fused, res_out = ops.fused_add_rms_norm(x, res, weight, 1e-5)
+        assert res_out is res
+        results[path] = (normed, fused, res)
+    for a, b in zip(results["torch"], results["triton"], strict=True):
+        reference.assert_close(b, a, torch.float32)
+
+
+def test_compiled_kernels_refuse_cpu_tensors(monkeypatch):
+    """If the Triton modules were imported in compiled mode (a GPU machine without
+    TRITON_INTERPRET), CPU tensors must fail loudly instead of crashing in the driver."""
+    kernels = ops._load_triton()
+    monkeypatch.setattr(kernels, "interpreted", False)
+    monkeypatch.setenv("LLMSERVICE_KERNELS", "triton")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        ops.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-5)
+    monkeypatch.setenv("LLMSERVICE_KERNELS", "torch")
+    assert torch.equal(
+        ops.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-5),
+        torch_ops.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-5),
+    )
