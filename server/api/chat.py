@@ -46,13 +46,9 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: HTTPRequest, s
     arrival = time.monotonic()
     state.check_model(req.model)
     params = chat_params(req, state.scheduling_policy)
-    state.admit(req.n)
-    state.preparing += 1
-    try:
+    with state.admitted(req.n):
         prompt = await state.tokenizer.encode_chat(message_dicts(req.messages), req.add_generation_prompt)
         request_id, gen = await start_generation(state, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl")
-    finally:
-        state.preparing -= 1
     model = req.model or state.model_name
     logprobs = params.logprobs is not None
     if req.stream:

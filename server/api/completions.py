@@ -76,9 +76,7 @@ async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: Ser
     state.check_model(req.model)
     params = completion_params(req, state.scheduling_policy)
     prompts, are_ids = prompt_batch(req.prompt)
-    state.admit(len(prompts) * req.n)
-    state.preparing += 1
-    try:
+    with state.admitted(len(prompts) * req.n):
         if are_ids:
             token_lists = [list(p) for p in prompts]
         else:
@@ -86,25 +84,23 @@ async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: Ser
         request_id, gen = await start_generation(
             state, raw, token_lists, params, req.n, req.priority, arrival, "cmpl"
         )
-    finally:
-        state.preparing -= 1
     model = req.model or state.model_name
     logprobs = params.logprobs is not None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(
-            _stream(gen, request_id, model, state.tokenizer, logprobs, include_usage, req.n),
+            _stream(gen, request_id, model, state.tokenizer, logprobs, include_usage),
             media_type="text/event-stream",
         )
     try:
-        return JSONResponse(await _collect(gen, request_id, model, state.tokenizer, logprobs, req.n))
+        return JSONResponse(await _collect(gen, request_id, model, state.tokenizer, logprobs))
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     finally:
         gen.close()
 
 
-async def _collect(gen: Generation, request_id: str, model: str, tok: TokenizerService, logprobs: bool, n: int) -> dict:
+async def _collect(gen: Generation, request_id: str, model: str, tok: TokenizerService, logprobs: bool) -> dict:
     count = len(gen.request_ids)
     texts = [[] for _ in range(count)]
     tokens = [0] * count
@@ -142,7 +138,7 @@ async def _collect(gen: Generation, request_id: str, model: str, tok: TokenizerS
 
 
 async def _stream(
-    gen: Generation, request_id: str, model: str, tok: TokenizerService, logprobs: bool, include_usage: bool, n: int
+    gen: Generation, request_id: str, model: str, tok: TokenizerService, logprobs: bool, include_usage: bool
 ) -> AsyncIterator[str]:
     created = int(time.time())
     count = len(gen.request_ids)

@@ -10,7 +10,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from llmservice.server.api.backpressure import admission_decision
@@ -37,7 +38,7 @@ class ServerState:
     scheduling_policy: str
     max_waiting_requests: int | None
     draining: bool = False
-    preparing: int = 0  # generation handlers between arrival and engine submission
+    reserved: int = 0  # engine requests admitted but not yet registered with the engine client
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -55,7 +56,7 @@ class ServerState:
         if self.engine.dead is not None:
             raise APIError(503, f"the engine is not running: {self.engine.dead}")
         decision = admission_decision(
-            waiting=self.engine.num_waiting_estimate,
+            waiting=self.engine.num_waiting_estimate + self.reserved,
             new=num_requests,
             limit=self.max_waiting_requests,
             running=self.engine.stats.num_running,
@@ -65,9 +66,20 @@ class ServerState:
         if decision.status == 503:
             raise APIError(503, decision.message, headers={"Retry-After": str(decision.retry_after_s)})
 
+    @contextmanager
+    def admitted(self, num_requests: int) -> Iterator[None]:
+        """Admit, and count the requests as waiting while they are tokenized: without
+        this, a burst would pass admission before any of it reached the engine."""
+        self.admit(num_requests)
+        self.reserved += num_requests
+        try:
+            yield
+        finally:
+            self.reserved -= num_requests
+
     @property
     def idle(self) -> bool:
-        return self.preparing == 0 and self.engine.num_in_flight == 0
+        return self.reserved == 0 and self.engine.num_in_flight == 0
 
 
 @dataclass

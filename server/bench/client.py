@@ -1,14 +1,14 @@
 """Async HTTP load generator: streams each request over SSE and times every chunk.
 
 The client runs in its own event loop; `/health` probes (optional) run in a separate
-thread with their own connection so the load's parsing work does not delay them.
+process with their own connection so the load's parsing work does not delay them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import multiprocessing
 import time
 from collections.abc import Callable
 
@@ -109,35 +109,49 @@ async def run_load(
     return list(results), duration
 
 
-class HealthProbe:
-    """GET /health every interval on its own thread; latencies in seconds."""
+def _probe_main(url: str, interval_s: float, max_probes: int | None, stop, conn) -> None:
+    latencies: list[float] = []
+    failures = 0
+    with httpx.Client(timeout=10) as http:
+        while not stop.is_set() and (max_probes is None or len(latencies) < max_probes):
+            t = time.perf_counter()
+            try:
+                ok = http.get(url).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t)
+            else:
+                failures += 1
+            stop.wait(interval_s)
+    conn.send((latencies, failures))
+    conn.close()
 
-    def __init__(self, url: str, interval_s: float = 0.05):
-        self.url = url
-        self.interval_s = interval_s
+
+class HealthProbe:
+    """GET /health every interval from a separate process (so the load generator's own
+    GIL and event loop do not inflate the figure); latencies in seconds."""
+
+    def __init__(self, url: str, interval_s: float = 0.05, max_probes: int | None = None):
+        ctx = multiprocessing.get_context("spawn")
         self.latencies: list[float] = []
         self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
-                t = time.perf_counter()
-                try:
-                    ok = http.get(self.url).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    self.latencies.append(time.perf_counter() - t)
-                else:
-                    self.failures += 1
-                self._stop.wait(self.interval_s)
+        self._stop = ctx.Event()
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_probe_main, args=(url, interval_s, max_probes, self._stop, send), name="health-probe", daemon=True
+        )
 
     def __enter__(self) -> HealthProbe:
-        self._thread.start()
+        self._proc.start()
         return self
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until the probe process has made max_probes probes (or the timeout)."""
+        self._proc.join(timeout_s)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(15)
+        if self._recv.poll(30):
+            self.latencies, self.failures = self._recv.recv()
+        self._proc.join(15)

@@ -116,7 +116,7 @@ def test_fuzz_generation_endpoints_never_5xx(generation_schema, small_server, mo
 
     @given(case=generation_schema.as_strategy(generation_mode=mode))
     @settings(
-        max_examples=40 if mode == GenerationMode.NEGATIVE else 25, deadline=None, database=None,
+        max_examples=30 if mode == GenerationMode.NEGATIVE else 12, deadline=None, database=None,
         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
     )
     def check(case):
