@@ -181,7 +181,9 @@ class EngineClient:
                 continue
             stream.finished = True
             live.append(rid)
-            if stream.accepted.done() and self.metrics is not None:
+            if not stream.accepted.done():
+                stream.accepted.cancel()  # nobody waits for an aborted admission
+            elif self.metrics is not None:
                 self._observe_finish(stream, "abort", now)
         if live and self.dead is None:
             self.inbox.put(AbortRequests(live))

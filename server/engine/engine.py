@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import ConfigError, EngineConfig
 from llmservice.server.engine import memory
 from llmservice.server.engine.block_manager import BlockManager
@@ -18,6 +19,7 @@ from llmservice.server.engine.request import Request, RequestStatus
 from llmservice.server.engine.runner import ModelRunner
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.engine.scheduler import Scheduler, SchedulerOutput
+from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
 from llmservice.server.model.llama import LlamaModel
 from llmservice.server.model.loaded import LoadedModel
 from llmservice.server.model.loader import load_model
@@ -85,8 +87,16 @@ class LLMEngine:
                 f"--max-model-len {self.max_model_len}; raise the KV memory or lower max-model-len"
             )
         self.block_manager = BlockManager(self.memory_plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, self.block_manager, config.seed)
+        self.swap_space, self.swap_pools = self._allocate_swap_space(kv_per_token_bytes=self.memory_plan.kv_bytes_per_token)
+        self.preemption_costs = self._measure_preemption_costs() if config.preemption_mode == "auto" else PreemptionCosts()
+        if config.preemption_mode == "auto":
+            c = self.preemption_costs
+            log.info(
+                "preemption cost model: recompute %.3g s/token (prefill %.0f tok/s) vs swap %.3g s/token (copy %.2f GB/s)",
+                c.recompute_s_per_token, c.prefill_tokens_per_s, c.swap_s_per_token, c.copy_bytes_per_s / 1e9,
+            )
+        self.scheduler = Scheduler(config, self.block_manager, self.swap_space, self.preemption_costs)
         self.detokenizers: dict[str, Detokenizer] = {}
         self.last_step = StepStats()
         self._ids = itertools.count()
@@ -143,6 +153,64 @@ class LLMEngine:
         del caches
         torch.cuda.empty_cache()
         return int(peak)
+
+    # ---- swap ------------------------------------------------------------------------
+    def _allocate_swap_space(self, kv_per_token_bytes: int) -> tuple[SwapSpace, list[torch.Tensor]]:
+        """CPU pools mirroring the device pools, sized by --swap-space (only for swap/auto)."""
+        cfg = self.config
+        if cfg.preemption_mode == "recompute" or cfg.swap_space <= 0:
+            return SwapSpace(0), []
+        num_blocks = memory.blocks_for_budget(int(cfg.swap_space * memory.GIB), kv_per_token_bytes, cfg.block_size)
+        pin = self.device.type == "cuda"
+        pools = [
+            torch.zeros((num_blocks, *pool.shape[1:]), dtype=pool.dtype, pin_memory=pin)
+            for pool in kv_pools(self.runner.kv_caches)
+        ]
+        log.info("swap space: %d CPU blocks (%.2f GiB)", num_blocks, cfg.swap_space)
+        return SwapSpace(num_blocks), pools
+
+    def _measure_preemption_costs(self) -> PreemptionCosts:
+        """Time one prefill and one block round trip, so `auto` compares real costs on this machine."""
+        from llmservice.server.model.llama import score_tokens
+
+        n = min(128, self.max_model_len)
+        ids = [(i * 7919) % self.model_config.vocab_size for i in range(n)]
+        score_tokens(self.model, ids[:16], self.config.block_size)  # warm-up
+        t0 = time.perf_counter()
+        score_tokens(self.model, ids, self.config.block_size)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        prefill_s = (time.perf_counter() - t0) / n
+        costs = PreemptionCosts(recompute_s_per_token=prefill_s, prefill_tokens_per_s=1.0 / prefill_s)
+        nblocks = min(16, self.block_manager.num_blocks, self.swap_space.num_blocks)
+        if nblocks:
+            ids_ = list(range(nblocks))
+            device_pools = kv_pools(self.runner.kv_caches)
+            t0 = time.perf_counter()
+            copy_blocks(device_pools, self.swap_pools, ids_, ids_).wait()
+            copy_blocks(self.swap_pools, device_pools, ids_, ids_).wait()
+            elapsed = max(time.perf_counter() - t0, 1e-9)
+            moved = 2 * sum(p[0].numel() * p.element_size() for p in device_pools) * nblocks
+            costs.copy_bytes_per_s = moved / elapsed
+            costs.swap_s_per_token = 2 * self.memory_plan.kv_bytes_per_token / costs.copy_bytes_per_s
+        return costs
+
+    def _do_swaps(self, sched: SchedulerOutput) -> None:
+        device_pools = kv_pools(self.runner.kv_caches)
+        if sched.swap_out:
+            src, dst = zip(*sched.swap_out, strict=True)
+            copy_blocks(device_pools, self.swap_pools, list(src), list(dst)).wait()
+        if sched.swap_in:
+            src, dst = zip(*sched.swap_in, strict=True)
+            copy_blocks(self.swap_pools, device_pools, list(src), list(dst)).wait()
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self.scheduler.swapped)
+
+    @property
+    def cpu_cache_usage(self) -> float:
+        return self.swap_space.usage
 
     # ---- requests --------------------------------------------------------------------
     def make_request(
@@ -219,6 +287,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         sched: SchedulerOutput = self.scheduler.schedule()
         stats = StepStats(num_preempted=len(sched.preempted))
+        self._do_swaps(sched)
         if sched.is_empty:
             self.last_step = stats
             return []

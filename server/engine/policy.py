@@ -3,9 +3,12 @@
 fcfs: earliest arrival first; the preemption victim is the latest arrival.
 priority (vLLM semantics): lower value first, arrival breaks ties; the victim is the
   highest value (latest arrival among equals). Aging prevents starvation: a waiting
-  request's effective priority is `priority - aging_per_s * seconds_waited`, so a
-  priority-10 request waiting 10 s (at the default 1.0/s) competes as a fresh
-  priority-0 request and wins after that.
+  request's effective priority is `priority - aging_per_s * seconds_waited`. Since every
+  waiting request ages at the same rate, this orders requests exactly as if a request of
+  priority p had arrived p / aging_per_s seconds later than it did: at the default
+  1.0/s a priority-10 request is served before every priority-0 request that arrived
+  more than 10 s after it. Its wait is therefore bounded by 10 s plus the time to serve
+  the higher-priority work that arrived in those 10 s, however long the stream lasts.
 max_queue_delay_ms (seed 003's T_max): a request that has waited longer than this is
   admitted before every request that has not, oldest first, whatever the policy.
 """
@@ -55,3 +58,26 @@ def pick_victim(running: list[Request], policy: str) -> Request:
     if policy == "priority":
         return max(running, key=lambda r: (r.priority, r.arrival_time))
     return max(running, key=lambda r: r.arrival_time)
+
+
+def choose_preemption(
+    mode: str,
+    num_computed_tokens: int,
+    recompute_s_per_token: float,
+    swap_s_per_token: float,
+    swap_blocks_needed: int,
+    swap_blocks_free: int,
+) -> str:
+    """'swap' or 'recompute' for one victim.
+
+    swap falls back to recompute when the CPU swap pool cannot hold the victim (or it has
+    no KV yet). auto compares estimated costs measured at start-up: re-prefilling the
+    victim's computed tokens vs copying their KV out and back in.
+    """
+    if mode == "recompute" or num_computed_tokens == 0 or swap_blocks_needed > swap_blocks_free:
+        return "recompute"
+    if mode == "swap":
+        return "swap"
+    recompute_cost = num_computed_tokens * recompute_s_per_token
+    swap_cost = num_computed_tokens * swap_s_per_token
+    return "swap" if recompute_cost > swap_cost else "recompute"

@@ -52,6 +52,7 @@ class Request:
     last_token_time: float | None = None
     finish_time: float | None = None
     block_hashes: list[int] = field(default_factory=list)
+    swap_blocks: list[int] = field(default_factory=list)  # CPU swap-pool blocks while SWAPPED
     logprobs: list[TokenLogprob] = field(default_factory=list)
     stop_reason: int | str | None = None
 

@@ -12,12 +12,16 @@ from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.engine.request import Request
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.engine.scheduler import Scheduler
+from llmservice.server.engine.swap_space import SwapSpace
 
 SHARED_PREFIX = list(range(1000, 1040))  # 40 tokens: 2.5 blocks of 16
 
 
-def make_scheduler(num_blocks: int, block_size: int, prefix_caching: bool, chunked: bool = True) -> Scheduler:
+def make_scheduler(
+    num_blocks: int, block_size: int, prefix_caching: bool, chunked: bool = True, swap_blocks: int = 0
+) -> Scheduler:
     cfg = EngineConfig(
+        preemption_mode="swap" if swap_blocks else "recompute",
         block_size=block_size,
         max_model_len=256,
         max_num_batched_tokens=64 if chunked else 256,
@@ -25,7 +29,7 @@ def make_scheduler(num_blocks: int, block_size: int, prefix_caching: bool, chunk
         enable_prefix_caching=prefix_caching,
         enable_chunked_prefill=chunked,
     )
-    return Scheduler(cfg, BlockManager(num_blocks, block_size, prefix_caching))
+    return Scheduler(cfg, BlockManager(num_blocks, block_size, prefix_caching), SwapSpace(swap_blocks))
 
 
 def run_step(sched: Scheduler, token: int) -> None:
@@ -51,10 +55,11 @@ ops = st.lists(
     extra_blocks=st.integers(0, 24),
     prefix_caching=st.booleans(),
     chunked=st.booleans(),
+    swap_blocks=st.sampled_from([0, 3, 40]),
 )
-def test_random_workloads_never_leak_or_double_free(ops, block_size, extra_blocks, prefix_caching, chunked):
+def test_random_workloads_never_leak_or_double_free(ops, block_size, extra_blocks, prefix_caching, chunked, swap_blocks):
     num_blocks = 256 // block_size + extra_blocks  # the engine guarantees one max_model_len sequence fits
-    sched = make_scheduler(num_blocks, block_size, prefix_caching, chunked)
+    sched = make_scheduler(num_blocks, block_size, prefix_caching, chunked, swap_blocks)
     ids = itertools.count()
     added: list[str] = []
     for op in ops:
@@ -73,6 +78,8 @@ def test_random_workloads_never_leak_or_double_free(ops, block_size, extra_block
                 sched.abort(added[op[1] % len(added)])
         sched.bm.check_invariants()
         assert len(sched.running) <= 6
+        held_swap = sum(len(r.swap_blocks) for r in sched.swapped)
+        assert held_swap + sched.swap_space.num_free == swap_blocks
     for _ in range(2000):
         if not sched.has_unfinished():
             break
@@ -81,6 +88,7 @@ def test_random_workloads_never_leak_or_double_free(ops, block_size, extra_block
     sched.bm.check_invariants()
     assert sched.bm.num_free_blocks == num_blocks
     assert not sched.bm.req_blocks
+    assert sched.swap_space.num_free == swap_blocks
 
 
 def test_shared_prefix_blocks_are_shared_and_ref_counted():
@@ -123,3 +131,26 @@ def test_lru_evicts_unreferenced_cached_blocks_only_when_needed():
     assert len(bm.cached) == 3
     bm.check_invariants()
     assert not bm.allocate_slots(Request("x", list(range(64)), SamplingParams(), max_tokens=1), 16 * 4)
+
+
+def test_prefix_of_1000_tokens_is_computed_once(make_engine):
+    from llmservice.server.engine.sampling_params import SamplingParams as SP
+
+    eng = make_engine(max_model_len=2048, max_num_batched_tokens=2048)
+    prefix = [(i * 31) % 40000 + 100 for i in range(1000)]
+    first = eng.add_request(prefix + [11, 12, 13], SP(temperature=0, max_tokens=3))
+    out = eng.scheduler.schedule()
+    assert dict((r.request_id, n) for r, n in out.scheduled)[first.request_id] == 1003
+    eng.scheduler.update(out, eng.runner.execute(out)[0])
+    second = eng.add_request(prefix + [21, 22], SP(temperature=0, max_tokens=3))
+    out = eng.scheduler.schedule()
+    computed = dict((r.request_id, n) for r, n in out.scheduled)
+    assert second.num_cached_tokens == 992  # 62 full blocks of 16; the rest is computed
+    assert computed[second.request_id] == 1002 - 992
+    shared = eng.block_manager.block_ids(first.request_id)[:62]
+    assert eng.block_manager.block_ids(second.request_id)[:62] == shared
+    assert all(eng.block_manager.blocks[b].ref_cnt == 2 for b in shared)
+    eng.scheduler.update(out, eng.runner.execute(out)[0])
+    while eng.has_unfinished_requests():
+        eng.step()
+    eng.block_manager.check_invariants()
