@@ -7,8 +7,8 @@ cuts each sequence's context into `num_splits` contiguous ranges and launches
 B * Hkv * num_splits programs, each producing a partial output normalised by its own
 softmax sum plus that range's log-sum-exp; stage 2 merges the partials per (sequence,
 head) by LSE rescaling, which is exact. The split count is chosen per step from the
-batch shape (`choose_num_splits`), so large batches get one split and no extra pass cost
-beyond a tiny merge.
+batch shape (`choose_num_splits`): large batches already fill the GPU and get one split,
+in which case stage 1 writes the output itself and stage 2 is not launched.
 
 GQA: one stage-1 program serves all query heads that share a KV head (padded to a tile
 of >= 16 rows for tl.dot), so each K/V byte is read once per KV head, not once per query
