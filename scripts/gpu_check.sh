@@ -4,6 +4,8 @@
 #
 #   scripts/gpu_check.sh            on a CUDA machine; finishes in under 5 minutes
 #   scripts/gpu_check.sh --smoke    anywhere: tiny CPU run through the Triton interpreter
+#   scripts/gpu_check.sh --unit     on a CUDA machine: the kernel unit tests (every block
+#                                   size, GQA ratio, head dim, dtype) on compiled kernels
 #
 # Writes <gpu|smoke>-<date>.json under $OUT if set, else bench/results/, and prints a
 # short table last. Exit status: 0 all kernels correct, 1 a kernel failed its check.
@@ -39,4 +41,9 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
 fi
 export PYTHONUNBUFFERED=1
+if [[ "${1:-}" == "--unit" ]]; then
+  # the tests' conftest keeps TRITON_INTERPRET=0 and moves their tensors to CUDA
+  TRITON_INTERPRET=0 exec timeout 295 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
+    --rootdir "$ROOT" "$ROOT"/tests/unit/kernels/test_triton_*.py
+fi
 timeout 295 "$PY" -m llmservice.kernels.bench "$@"
