@@ -154,7 +154,8 @@ def small_server(small_server_spawned) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
-def main_server(_main_server_spawned) -> ServerProcess:
+def main_server(_main_server_spawned, offline_engine) -> ServerProcess:
+    """Waits after loading the offline reference engine, so the two loads overlap."""
     return wait_ready(_main_server_spawned)
 
 
