@@ -15,8 +15,13 @@ from llmservice.operator import kube as k
 from llmservice.operator import reconcile as rc
 from llmservice.operator.publish import StatusPublisher
 from llmservice.operator.render import FIELD_MANAGER, LABEL_SERVICE
-from llmservice.operator.spec import GROUP, PLURAL, VERSION
+from llmservice.operator.spec import API_VERSION, GROUP, PLURAL, VERSION
 from llmservice.operator.status import deployment_view, pod_view
+
+
+def llms_path(namespace: str, name: str) -> str:
+    return k.path_for(API_VERSION, PLURAL, namespace, name)
+
 
 CHILD_LABELS = {LABEL_SERVICE: kopf.PRESENT, "app.kubernetes.io/managed-by": FIELD_MANAGER}
 
@@ -45,6 +50,23 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
 
     publisher = StatusPublisher(kube, options)
 
+    def confirmed_drift(key: tuple[str, str], uid: str) -> dict[str, Any] | None:
+        """The indexes lag behind our own writes: ask the API before 'repairing' anything.
+
+        Returns the current LLMService when its children really drifted, else None.
+        """
+        current = kube().get(llms_path(*key))
+        if not current or current["metadata"]["uid"] != uid:
+            return None  # gone, or replaced by a new object of the same name
+        if current["metadata"].get("deletionTimestamp"):
+            return None
+        found = kube().get(k.path_for("apps/v1", "deployments", *key))
+        return (
+            current
+            if rc.needs_repair(current, options, deployment_view(found) if found else None)
+            else None
+        )
+
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # A fresh registry has none of kopf's implicit login handlers: use the same
@@ -64,6 +86,7 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
+        settings.execution.max_workers = 16  # sync handlers wait on HTTP, not on CPU
 
     @kopf.index(GROUP, VERSION, PLURAL, id="llms", registry=registry)
     def llms(namespace: str, name: str, body: kopf.Body, **_: Any) -> Any:
@@ -137,9 +160,12 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
         emit = _emitter(kopf.Body(observed[0]))
         try:
             if rc.needs_repair(observed[0], options, observed[1]):
-                # Our Deployment was deleted or scaled behind our back: spec.replicas rules.
-                rc.reconcile(observed[0], kube(), options, emit)
-                return  # the Deployment's own event publishes the status
+                current = confirmed_drift(key, observed[0]["metadata"]["uid"])
+                if current is not None:
+                    # Our Deployment was deleted or scaled behind our back: spec.replicas rules.
+                    logging.getLogger(__name__).info("repairing the children of %s/%s", *key)
+                    rc.reconcile(current, kube(), options, emit)
+                    return  # the Deployment's own event publishes the status
             publisher.publish(key, observe, emit)
         except k.ApiError as exc:
             logging.getLogger(__name__).warning("status of %s/%s: %s", *key, exc)

@@ -1,15 +1,19 @@
 """Write an LLMService's status when something it depends on changed.
 
 Status is recomputed on every relevant event (the LLMService itself, its Deployment, any
-of its pods), from several kopf worker threads at once. A per-object lock and the last
-status this process published keep the writes ordered and each condition change
-announced exactly once as an Event.
+of its pods), from several kopf worker threads at once. Requests for one object are
+coalesced: one thread publishes while the others only leave a note and return (so a
+burst of pod events cannot tie up kopf's whole thread pool waiting on a lock), and that
+thread publishes again if notes arrived meanwhile. Each pass observes the indexes afresh,
+so the write that lands last is computed from the freshest view. The last status this
+process published is remembered so that each condition change becomes one Event.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from llmservice.operator import reconcile as rc
@@ -18,6 +22,14 @@ from llmservice.operator.spec import API_VERSION, PLURAL
 from llmservice.operator.status import DeploymentView, PodView, changed_fields
 
 Observed = tuple[dict[str, Any], DeploymentView | None, list[PodView]]
+Key = tuple[str, str]
+
+
+@dataclass
+class _Request:
+    observe: Callable[[], Observed | None]
+    emit: rc.Emit
+    observed_generation: int | None
 
 
 class StatusPublisher:
@@ -25,56 +37,65 @@ class StatusPublisher:
         self._kube = kube
         self._options = options
         self._guard = threading.Lock()
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._published: dict[
-            tuple[str, str], tuple[str, dict[str, Any]]
-        ] = {}  # key -> (uid, status)
-
-    def _lock(self, key: tuple[str, str]) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+        self._busy: set[Key] = set()
+        self._pending: dict[Key, _Request] = {}
+        self._published: dict[Key, tuple[str, dict[str, Any]]] = {}  # key -> (uid, status)
 
     def publish(
         self,
-        key: tuple[str, str],
+        key: Key,
         observe: Callable[[], Observed | None],
         emit: rc.Emit,
         observed_generation: int | None = None,
-    ) -> dict[str, Any]:
-        """Patch the status fields that changed; returns the patch (empty: nothing to do).
+    ) -> None:
+        """Bring the object's status up to date now, or leave it to the thread doing so."""
+        with self._guard:
+            previous = self._pending.get(key)
+            if previous is not None and observed_generation is None:
+                observed_generation = previous.observed_generation
+            self._pending[key] = _Request(observe, emit, observed_generation)
+            if key in self._busy:
+                return
+            self._busy.add(key)
+        try:
+            while True:
+                with self._guard:
+                    request = self._pending.pop(key, None)
+                    if request is None:
+                        self._busy.discard(key)
+                        return
+                self._publish_once(key, request)
+        except BaseException:
+            with self._guard:
+                self._busy.discard(key)
+            raise
 
-        `observe` runs under the object's lock, so the write that lands last was computed
-        from the freshest view: a slower thread cannot overwrite newer facts with older ones.
-        """
-        with self._lock(key):
-            observed = observe()
-            if observed is None:
-                return {}
-            body, deployment, pods = observed
-            uid = body["metadata"].get("uid", "")
-            cached_uid, last = self._published.get(key, ("", {}))
-            if cached_uid != uid:
-                last = dict(body.get("status") or {})
-            update = rc.status_for({**body, "status": last}, self._options, deployment, pods)
-            patch = changed_fields(last, update.status)
-            if (
-                observed_generation is not None
-                and last.get("observedGeneration") != observed_generation
-            ):
-                patch["observedGeneration"] = observed_generation
-            if patch:
-                path = path_for(API_VERSION, PLURAL, key[0], key[1]) + "/status"
-                try:
-                    self._kube().merge_patch(path, {"status": patch})
-                except ApiError as exc:
-                    if exc.status == 404:
-                        return {}
-                    raise
-                self._published[key] = (uid, {**last, **patch})
-                rc.emit_transitions(update, emit)
-            return patch
+    def _publish_once(self, key: Key, request: _Request) -> dict[str, Any]:
+        observed = request.observe()
+        if observed is None:
+            return {}
+        body, deployment, pods = observed
+        uid = body["metadata"].get("uid", "")
+        cached_uid, last = self._published.get(key, ("", {}))
+        if cached_uid != uid:
+            last = dict(body.get("status") or {})
+        update = rc.status_for({**body, "status": last}, self._options, deployment, pods)
+        patch = changed_fields(last, update.status)
+        generation = request.observed_generation
+        if generation is not None and last.get("observedGeneration") != generation:
+            patch["observedGeneration"] = generation
+        if patch:
+            path = path_for(API_VERSION, PLURAL, key[0], key[1]) + "/status"
+            try:
+                self._kube().merge_patch(path, {"status": patch})
+            except ApiError as exc:
+                if exc.status == 404:
+                    return {}
+                raise
+            self._published[key] = (uid, {**last, **patch})
+            rc.emit_transitions(update, request.emit)
+        return patch
 
     def forget(self, namespace: str, name: str) -> None:
         with self._guard:
             self._published.pop((namespace, name), None)
-            self._locks.pop((namespace, name), None)

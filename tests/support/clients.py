@@ -14,7 +14,7 @@ T = TypeVar("T")
 GROUP, VERSION, PLURAL = "llmservice.dev", "v1alpha1", "llmservices"
 
 
-def wait_until(check: Callable[[], T], timeout: float = 30, interval: float = 0.05) -> T:
+def wait_until(check: Callable[[], T], timeout: float = 30, interval: float = 0.2) -> T:
     """Poll `check` until it returns something truthy; fail with its last value."""
     deadline = time.monotonic() + timeout
     last: Any = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,7 +36,10 @@ class ApiEmulator(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self.store = Store(self)
         self.bookmark_interval = BOOKMARK_INTERVAL
-        self.resources.load_bundled()
+        self.closing = False  # set on shutdown: open watch streams end
+        with warnings.catch_warnings():  # kmock reads its bundle with a deprecated call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.resources.load_bundled()
         self.fallback[enums.method.PUT] << self._serve_put
 
     async def _handle(self, request: rendering.Request):  # type: ignore[no-untyped-def]
@@ -192,14 +196,19 @@ class ApiEmulator(kmock.KubernetesEmulator):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout if timeout else None
             bookmarks = p.get("allowWatchBookmarks") == "true"
+            next_bookmark = loop.time() + self.bookmark_interval
+            transport = request._raw_request.transport if request._raw_request else None
             while deadline is None or loop.time() < deadline:
-                wait = self.bookmark_interval
+                if self.closing or (transport is not None and transport.is_closing()):
+                    return  # the client went away (aiohttp does not cancel us) or we stop
+                wait = min(self.bookmark_interval, 0.5)
                 if deadline is not None:
                     wait = min(wait, deadline - loop.time())
                 try:
                     change = await asyncio.wait_for(queue.get(), timeout=max(wait, 0.001))
                 except TimeoutError:
-                    if bookmarks:
+                    if bookmarks and loop.time() >= next_bookmark:
+                        next_bookmark = loop.time() + self.bookmark_interval
                         yield self._bookmark(kind)
                     continue
                 if change.rv > sent_rv and (event := watcher.translate(change)):
@@ -222,4 +231,8 @@ async def serving(emulator: ApiEmulator | None = None) -> AsyncIterator[tuple[Ap
     """Run an emulator on a free 127.0.0.1 port; yields it and its base URL."""
     emulator = emulator or ApiEmulator()
     async with emulator, kmock.Server(emulator) as server:
-        yield emulator, str(server.url).rstrip("/")
+        try:
+            yield emulator, str(server.url).rstrip("/")
+        finally:
+            emulator.closing = True
+            await asyncio.sleep(0.6)  # let watch streams notice and finish

@@ -163,6 +163,7 @@ class Store:
     _watchers: dict[int, Watcher] = field(default_factory=dict)
     listeners: list[Callable[[kmock.resource, Change], None]] = field(default_factory=list)
     keys: dict[kmock.resource, set[Any]] = field(default_factory=dict)  # live objects by resource
+    uids: set[str] = field(default_factory=set)  # of live objects, for the garbage collector
 
     # ------------------------------------------------------------ kinds
 
@@ -294,12 +295,14 @@ class Store:
         if type_ == "DELETED":
             self.emulator.objects[key].delete()
             self.keys.get(res, set()).discard(key)
+            self.uids.discard(obj["metadata"].get("uid", ""))
         elif key in self.emulator.objects:
             self.emulator.objects[key].create(copy.deepcopy(obj))
         else:
             self.emulator.objects[key] = copy.deepcopy(obj)
         if type_ != "DELETED":
             self.keys.setdefault(res, set()).add(key)
+            self.uids.add(obj["metadata"].get("uid", ""))
         change = Change(self.rv, type_, copy.deepcopy(obj), old)
         log = self.log[res]
         if len(log) == log.maxlen:
@@ -417,7 +420,19 @@ class Store:
                 ],
                 "storedVersions": [v["name"] for v in obj["spec"]["versions"] if v.get("storage")],
             }
-        return self._commit(res, key, obj, "ADDED", None)
+        created = self._commit(res, key, obj, "ADDED", None)
+        self._collect_orphan(res, created)
+        return created
+
+    def _collect_orphan(self, res: kmock.resource, obj: dict[str, Any]) -> None:
+        """The garbage collector deletes dependents whose owner no longer exists."""
+        refs = obj["metadata"].get("ownerReferences") or []
+        if refs and not any(self._uid_exists(ref.get("uid", "")) for ref in refs):
+            meta = obj["metadata"]
+            self.delete(res, meta.get("namespace"), meta["name"], grace=0)
+
+    def _uid_exists(self, uid: str) -> bool:
+        return uid in self.uids
 
     def update(
         self,
