@@ -35,11 +35,15 @@ def test_rendered_pod_serves_a_completion(served: Env):
     k = served.kubectl
     example = yaml.safe_load((ROOT / "examples" / "smollm2-cpu.yaml").read_text())
     k.apply(example)
-    ready = wait_until(
-        lambda: (c := k.condition("smollm2", "Ready")).get("status") == "True" and c,
-        timeout=240,
-        interval=0.5,
-    )
+    try:
+        ready = wait_until(
+            lambda: (c := k.condition("smollm2", "Ready")).get("status") == "True" and c,
+            timeout=240,
+            interval=0.5,
+        )
+    except AssertionError as exc:
+        logs = [f"--- {p.name}\n{p.read_text()[-4000:]}" for p in served.workdir.glob("smollm2-*")]
+        raise AssertionError(f"{exc}\npod logs:\n" + "\n".join(logs)) from exc
     assert ready["reason"] == "AllReplicasReady"
     (pod,) = k.pods("smollm2")
     ip = pod["status"]["podIP"]
