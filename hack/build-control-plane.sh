@@ -65,6 +65,7 @@ start=$(date +%s)
 tmp="$bin.tmp.$$"
 rm -rf "$tmp"
 mkdir -p "$tmp"
+trap 'rm -rf "$tmp"' EXIT # a failed build leaves nothing half-made behind
 export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:--buildvcs=false}"
 
 # The k8s components report their version from ldflags; without them the apiserver
