@@ -42,7 +42,8 @@ import (
 var servers = map[string]func() *cobra.Command{
 	"kube-apiserver":          apiserver.NewAPIServerCommand,
 	"kube-controller-manager": controllermanager.NewControllerManagerCommand,
-	"kube-scheduler":          scheduler.NewSchedulerCommand,
+	// The scheduler takes optional out-of-tree plugin registries; we add none.
+	"kube-scheduler": func() *cobra.Command { return scheduler.NewSchedulerCommand() },
 }
 
 func main() {
