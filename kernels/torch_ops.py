@@ -51,23 +51,32 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence: q [B, Hq, D] -> out [B, Hq, D].
 
-    Grouped-query heads are folded into the matmul ([B, Hkv, G, D] x [B, Hkv, D, L]), which
-    on CPU is ~5x faster than SDPA over K/V repeated per query head.
+    K/V are gathered once per call with a block-granular index_select (rows stay
+    contiguous), then each KV head's query group runs two batched matmuls on strided
+    views: no repeat of K/V per query head and no transposed copies. On a 2-core CPU this
+    is ~2x faster than gathering with advanced indexing plus a permuted matmul, and ~5x
+    faster than SDPA over repeated heads.
     """
     bsz, hq, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
     max_len = max(seq_lens_host)
     nblocks = (max_len + block_size - 1) // block_size
     width = nblocks * block_size
-    table = block_tables[:bsz, :nblocks].long()
-    k = k_cache[table].view(bsz, width, hkv, d).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-    v = v_cache[table].view(bsz, width, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
-    scores = torch.matmul(q.view(bsz, hkv, hq // hkv, d), k).float() * scale
+    flat_blocks = block_tables[:bsz, :nblocks].reshape(-1).long()
+    k = k_cache.index_select(0, flat_blocks).view(bsz, width, hkv * d)
+    v = v_cache.index_select(0, flat_blocks).view(bsz, width, hkv * d)
     lens = torch.tensor(seq_lens_host, device=q.device)
-    pad = torch.arange(width, device=q.device)[None, :] >= lens[:, None]
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = scores.softmax(-1).to(v.dtype)
-    return torch.matmul(probs, v).reshape(bsz, hq, d).to(q.dtype)
+    pad = (torch.arange(width, device=q.device)[None, :] >= lens[:, None])[:, None, :]  # [B, 1, W]
+    out = torch.empty_like(q)
+    for h in range(hkv):
+        heads = slice(h * group, (h + 1) * group)
+        dims = slice(h * d, (h + 1) * d)
+        scores = torch.bmm(q[:, heads, :], k[:, :, dims].transpose(1, 2)).float() * scale  # [B, G, W]
+        scores.masked_fill_(pad, float("-inf"))
+        probs = scores.softmax(-1).to(v.dtype)
+        out[:, heads, :] = torch.bmm(probs, v[:, :, dims])
+    return out
 
 
 def paged_prefill_attention(
