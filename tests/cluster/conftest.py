@@ -8,10 +8,12 @@ unique per test, and the fixtures remove them).
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client, config
@@ -19,8 +21,10 @@ from kubernetes import client, config
 from .binaries import REPO, Binaries, find_binaries
 from .control_plane import ControlPlane
 from .fake_kubelet import FakeKubelet
+from .namespaces import create_namespace, delete_namespace
+from .nodes import start_node
 from .pod_status import NodeSpec
-from .waiting import exists, wait_for
+from .waiting import wait_for
 
 _startup: dict[str, float] = {}
 _names = itertools.count(1)
@@ -89,43 +93,51 @@ def llmservice_crd(
 
 @pytest.fixture
 def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace, usable once its "default" ServiceAccount exists."""
+    """A fresh namespace named after the test."""
     core = client.CoreV1Api(kube_api)
     name = re.sub(r"[^a-z0-9]+", "-", f"t{next(_names)}-{request.node.name.lower()}")
     name = name[:60].strip("-")
-    core.create_namespace({"metadata": {"name": name}})
-    wait_for(lambda: exists(lambda: core.read_namespaced_service_account("default", name)),
-             what=f"default ServiceAccount in {name}")  # fmt: skip
-    yield name
-    # Pods bound to the test's fake nodes (already gone) would keep the namespace
-    # Terminating forever without a kubelet; remove them as a drained node would.
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    core.delete_namespace(name)
+    yield create_namespace(core, name)
+    delete_namespace(core, name)
+
+
+@pytest.fixture(scope="session")
+def helm(
+    cluster_binaries: Binaries, control_plane: ControlPlane
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`helm("install", ...)` against the control plane; returns the completed process."""
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = [str(cluster_binaries.helm), "--kubeconfig", str(control_plane.admin_kubeconfig)]
+        return subprocess.run(
+            [*argv, *args], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "HELM_CACHE_HOME": str(control_plane.workdir / "helm-cache"),
+                 "HELM_CONFIG_HOME": str(control_plane.workdir / "helm-config"),
+                 "HELM_DATA_HOME": str(control_plane.workdir / "helm-data")},
+        )  # fmt: skip
+
+    return run
 
 
 @pytest.fixture
 def add_node(
-    kube_api: client.ApiClient, tmp_path: Path, request: pytest.FixtureRequest
+    kube_api: client.ApiClient, control_plane: ControlPlane, tmp_path: Path
 ) -> Iterator[Callable[..., FakeKubelet]]:
-    """`add_node(gpus=2, run_containers=True)` -> a started FakeKubelet, stopped at teardown.
-
-    Waits until the node is schedulable (the node-lifecycle controller lifted the
-    `not-ready` taint), as a cluster autoscaler's node would be before pods land on it.
-    """
+    """`add_node(gpus=2, run_containers=True)` -> a schedulable FakeKubelet node, stopped
+    and deleted at teardown (and the test fails if the fake kubelet hit errors)."""
     started: list[FakeKubelet] = []
-    core = client.CoreV1Api(kube_api)
 
     def add(
-        *, run_containers: bool = False, name: str | None = None, **spec: object
+        *,
+        run_containers: bool = False,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        **spec: Any,
     ) -> FakeKubelet:
-        node_name = name or f"node-{next(_names)}"
-        kubelet = FakeKubelet(
-            kube_api, NodeSpec(name=node_name, **spec), run_containers=run_containers,
-            workdir=tmp_path,
-        )  # fmt: skip
-        started.append(kubelet.start())
-        wait_for(lambda: not _not_ready_taint(core.read_node(node_name)),
-                 what=f"node {node_name} schedulable")  # fmt: skip
+        node = NodeSpec(name=name or f"node-{next(_names)}", **spec)
+        kubelet = start_node(kube_api, node, workdir=tmp_path, access=control_plane.access(),
+                             run_containers=run_containers, env=env)  # fmt: skip
+        started.append(kubelet)
         return kubelet
 
     yield add
@@ -135,9 +147,14 @@ def add_node(
     assert not errors, f"fake kubelet errors: {errors}"
 
 
-def _not_ready_taint(node: client.V1Node) -> bool:
-    taints = node.spec.taints or []
-    return any(t.key == "node.kubernetes.io/not-ready" for t in taints)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On failure, attach the log of the operator pod the test ran against."""
+    outcome = yield
+    report = outcome.get_result()
+    operator = getattr(item, "funcargs", {}).get("operator")
+    if report.failed and callable(getattr(operator, "log", None)):
+        report.sections.append(("operator pod log (tail)", operator.log()))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

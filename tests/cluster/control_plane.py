@@ -12,6 +12,7 @@ collide; every process is started by us and stopped by us (by pid).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import ssl
@@ -20,16 +21,32 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
 
 from .binaries import Binaries
+from .fake_kubelet import ClusterAccess
 from .pki import Pki, make_pki
 
 ADMIN_TOKEN = "admin-token-for-tests"  # system:masters
 NOBODY_TOKEN = "nobody-token-for-tests"  # authenticated, no RBAC bindings
 NOBODY_USER = "nobody"
+
+# Audit every request a ServiceAccount makes (a test can then prove who wrote an object
+# and that an operator never met a 403), and every write by anyone; skip the rest.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+"""
 
 # The controllers the tests rely on; nothing needing a cloud, volumes or pod eviction.
 DEFAULT_CONTROLLERS = (
@@ -91,6 +108,15 @@ class ControlPlane:
         return f"https://127.0.0.1:{self.api_port}"
 
     @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The apiserver's audit events so far (see AUDIT_POLICY for which)."""
+        text = self.audit_log.read_text() if self.audit_log.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    @property
     def admin_kubeconfig(self) -> Path:
         return self.workdir / "admin.kubeconfig"
 
@@ -107,6 +133,7 @@ class ControlPlane:
             f"{NOBODY_TOKEN},{NOBODY_USER},uid-nobody\n"
         )
         self.write_kubeconfig(self.admin_kubeconfig, ADMIN_TOKEN, user="admin")
+        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         try:
             etcd_url = self._start_etcd()
             self._wait(lambda: _http_ok(f"{etcd_url}/health"), "etcd", t0, timeout)
@@ -205,6 +232,8 @@ class ControlPlane:
                 # 127.0.0.1 may not be an Endpoints address; nothing here needs the
                 # in-cluster "kubernetes" Service endpoints.
                 "--endpoint-reconciler-type=none",
+                f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.audit_log}",
                 "--profiling=false",
                 "--v=1",
             ],
@@ -295,6 +324,11 @@ class ControlPlane:
         """Trusts exactly the session CA, as a client of this apiserver should."""
         assert self.pki is not None
         return ssl.create_default_context(cafile=str(self.pki.ca_cert))
+
+    def access(self) -> ClusterAccess:
+        """Server URL + CA, for kubeconfigs the fake kubelet writes for pods."""
+        assert self.pki is not None
+        return ClusterAccess(server=self.server, ca_file=str(self.pki.ca_cert))
 
     def write_kubeconfig(self, path: Path, token: str, user: str = "user") -> Path:
         """A kubeconfig for this server with a bearer token (admin, SA token, ...)."""

@@ -28,10 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .pod_process import probe_url, process_plan
+from .pod_process import (
+    automounts_token,
+    probe_url,
+    process_plan,
+    service_account_kubeconfig,
+)
 from .pod_status import ContainerState, NodeSpec, node_manifest, pod_status
 
 LEASE_NAMESPACE = "kube-node-lease"
@@ -66,6 +72,14 @@ class IpPool:
 SHARED_POOL = IpPool()
 
 
+@dataclass(frozen=True)
+class ClusterAccess:
+    """How pods' processes reach the API server (for their ServiceAccount kubeconfig)."""
+
+    server: str
+    ca_file: str
+
+
 @dataclass
 class _Container:
     spec: dict[str, Any]
@@ -85,6 +99,7 @@ class _Pod:
     start_time: str
     containers: list[_Container] = field(default_factory=list)
     reported: dict[str, Any] | None = None
+    kubeconfig: Path | None = None
 
 
 class FakeKubelet:
@@ -100,6 +115,8 @@ class FakeKubelet:
         interval: float = 0.3,
         pool: IpPool = SHARED_POOL,
         extra_path: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cluster: ClusterAccess | None = None,
     ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -112,6 +129,8 @@ class FakeKubelet:
         # Pods' commands (e.g. `llmservice serve`) resolve from the test's venv first.
         self.path = ":".join([*(extra_path or []), os.path.dirname(sys.executable),
                               os.environ.get("PATH", "")])  # fmt: skip
+        self.env = dict(env or {})  # the "node's" environment, e.g. OMP_NUM_THREADS=1
+        self.cluster = cluster
         self.ip = pool.take()
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.errors: list[str] = []
@@ -189,6 +208,8 @@ class FakeKubelet:
                 _Container(spec=c, started_at=state.start_time) for c in pod["spec"]["containers"]
             ]
             self.pods[key] = state
+            if self.run_containers and self.cluster is not None and automounts_token(pod):
+                state.kubeconfig = self._token_kubeconfig(key, pod)
             for c in state.containers:
                 self._start_container(key, pod, state, c)
         for c in state.containers:
@@ -232,16 +253,38 @@ class FakeKubelet:
             c.waiting_reason = "FakeKubeletUnsupported"
             self.errors.append(f"{key}: {e}")
             return
-        log_dir = (self.workdir or Path("/tmp")) / "pods" / f"{key[0]}_{key[1]}"
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = self._pod_dir(key)
+        env = {"PATH": self.path, "HOME": os.environ.get("HOME", "/root"), **self.env}
+        if state.kubeconfig is not None:
+            env["KUBECONFIG"] = str(state.kubeconfig)
         with (log_dir / f"{c.spec['name']}.log").open("ab") as log:
             c.process = subprocess.Popen(
                 plan.argv,
-                env={"PATH": self.path, "HOME": os.environ.get("HOME", "/root"), **plan.env},
+                env={**env, **plan.env},
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=log_dir, start_new_session=True,
             )  # fmt: skip
         c.ready = c.probe is None
+
+    def _pod_dir(self, key: tuple[str, str]) -> Path:
+        d = (self.workdir or Path("/tmp")) / "pods" / f"{key[0]}_{key[1]}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _token_kubeconfig(self, key: tuple[str, str], pod: dict[str, Any]) -> Path:
+        """Request a pod-bound token for the pod's ServiceAccount, as the kubelet does."""
+        assert self.cluster is not None
+        sa = pod["spec"].get("serviceAccountName") or "default"
+        bound = {"kind": "Pod", "apiVersion": "v1", "name": key[1],
+                 "uid": pod["metadata"]["uid"]}  # fmt: skip
+        token = self.core.create_namespaced_service_account_token(
+            sa, key[0], {"spec": {"expirationSeconds": 3600, "boundObjectRef": bound}}
+        ).status.token
+        path = self._pod_dir(key) / "serviceaccount.kubeconfig"
+        doc = service_account_kubeconfig(self.cluster.server, self.cluster.ca_file, token, key[0])
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+        return path
 
     def _observe_container(
         self, key: tuple[str, str], pod: dict[str, Any], state: _Pod, c: _Container

@@ -6,7 +6,12 @@ pod network namespace would provide is emulated here:
 - env `valueFrom.fieldRef` for the downward-API fields pods commonly use;
 - a pod gets its own loopback IP (127.0.0.x) instead of a network namespace, so a server
   told to bind all interfaces ("0.0.0.0" / "::") is bound to the pod IP instead — two
-  replicas listening on the same port then coexist, as in separate namespaces.
+  replicas listening on the same port then coexist, as in separate namespaces;
+- the projected service-account token volume becomes a kubeconfig holding a token the
+  kubelet requested for the pod's ServiceAccount (bound to the pod), named by
+  $KUBECONFIG: in-cluster config cannot load outside a pod, and clients such as the
+  `kubernetes` package fall back to $KUBECONFIG. The process then has exactly the
+  ServiceAccount's RBAC, as in a real pod.
 """
 
 from __future__ import annotations
@@ -122,3 +127,22 @@ def probe_url(container: dict[str, Any], pod_ip: str) -> str | None:
     scheme = str(http.get("scheme") or "HTTP").lower()
     path = http.get("path") or "/"
     return f"{scheme}://{host}:{port}{path}"
+
+
+def service_account_kubeconfig(server: str, ca_file: str, token: str, namespace: str) -> dict:
+    """The kubeconfig a pod's process gets in place of its token volume."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": {"server": server,
+                                                    "certificate-authority": ca_file}}],
+        "users": [{"name": "pod", "user": {"token": token}}],
+        "contexts": [{"name": "pod", "context": {"cluster": "cluster", "user": "pod",
+                                                 "namespace": namespace}}],
+        "current-context": "pod",
+    }  # fmt: skip
+
+
+def automounts_token(pod: dict[str, Any]) -> bool:
+    """Kubernetes' default: mount the token unless the pod opts out."""
+    return pod.get("spec", {}).get("automountServiceAccountToken", True) is not False

@@ -1,0 +1,210 @@
+"""The operator as shipped: installed by helm, run by the fake kubelet from the chart's own
+Deployment, with exactly the chart's RBAC (a forgotten permission shows up as a 403 in
+its log and a timeout here), reconciling LLMServices on the real control plane."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from kubernetes import client
+
+from .binaries import REPO
+from .control_plane import ControlPlane
+from .fake_kubelet import FakeKubelet
+from .namespaces import create_namespace, delete_namespace
+from .nodes import start_node
+from .pod_status import NodeSpec
+from .waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+GROUP, VERSION, PLURAL = "llmservice.dev", "v1alpha1", "llmservices"
+CHART = str(REPO / "charts" / "llmservice-operator")
+RELEASE = "llmservice"
+Helm = Callable[..., subprocess.CompletedProcess[str]]
+# The machine is small and shared: one thread per served model.
+NODE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class Operator:
+    def __init__(self, namespace: str, node: FakeKubelet, control_plane: ControlPlane) -> None:
+        self.namespace = namespace
+        self.node = node
+        self.control_plane = control_plane
+        self.user = ""  # system:serviceaccount:NS:NAME, once installed
+
+    def requests(self, **match: str) -> list[dict[str, Any]]:
+        """Audit events of the operator's own requests whose objectRef matches `match`."""
+        return [
+            e
+            for e in self.control_plane.audit_events()
+            if e["user"]["username"] == self.user
+            and all(e.get("objectRef", {}).get(k) == v for k, v in match.items())
+        ]
+
+    def forbidden(self) -> list[str]:
+        """Every request of the operator the chart's RBAC refused."""
+        return [
+            f"{e['verb']} {e['requestURI']}"
+            for e in self.requests()
+            if e.get("responseStatus", {}).get("code") == 403
+        ]
+
+    def log(self) -> str:
+        logs = sorted((self.node.workdir or Path("/tmp")).glob(f"pods/{self.namespace}_*/*.log"))
+        return "\n".join(p.read_text(errors="replace")[-6000:] for p in logs)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    llmservice_crd: object,
+    helm: Helm,
+    kube_api: client.ApiClient,
+    control_plane: ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Operator]:
+    """`helm install` into its own namespace; a CPU node whose fake kubelet runs pods."""
+    core = client.CoreV1Api(kube_api)
+    ns = create_namespace(core, "llmservice-system")
+    node = start_node(
+        kube_api, NodeSpec(name="system-node", cpu="16", memory="64Gi"),
+        workdir=tmp_path_factory.mktemp("system-node"), access=control_plane.access(),
+        run_containers=True, env=NODE_ENV,
+    )  # fmt: skip
+    op = Operator(ns, node, control_plane)
+    try:
+        out = helm("install", RELEASE, CHART, "-n", ns, "--wait", "--timeout", "180s")
+        assert out.returncode == 0, f"{out.stderr}\noperator log:\n{op.log()}"
+        (pod,) = core.list_namespaced_pod(
+            ns, label_selector=f"app.kubernetes.io/instance={RELEASE}"
+        ).items
+        op.user = f"system:serviceaccount:{ns}:{pod.spec.service_account_name}"
+        yield op
+    finally:
+        helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "60s")
+        node.stop()
+        delete_namespace(core, ns)
+
+
+def llms_api(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def condition(api: client.ApiClient, ns: str, name: str, type_: str) -> dict[str, Any]:
+    obj = llms_api(api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+    found = [c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_]
+    return found[0] if found else {}
+
+
+def gpu_llmservice(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "LLMService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": "builtin:smollm2-135m"},
+            "resources": {"gpu": {"count": 1, "memoryGiB": 24}, "cpu": "2", "memory": "4Gi"},
+        },
+    }
+
+
+def test_embedded_model_example_serves_a_chat_completion_then_is_collected(
+    operator: Operator, kube_api: client.ApiClient, namespace: str
+) -> None:
+    example = yaml.safe_load((REPO / "examples" / "smollm2-cpu.yaml").read_text())
+    llms_api(kube_api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, example)
+    name = example["metadata"]["name"]
+    ready = wait_for(
+        lambda: (c := condition(kube_api, namespace, name, "Ready")).get("status") == "True" and c,
+        what=f"LLMService {name} Ready (operator log below on failure)",
+        timeout=420,
+    )
+    assert ready["reason"] == "AllReplicasReady"
+
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    llms = llms_api(kube_api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    (dep,) = apps.list_namespaced_deployment(namespace).items
+    (rs,) = apps.list_namespaced_replica_set(namespace).items
+    (pod,) = core.list_namespaced_pod(namespace).items
+    assert dep.metadata.owner_references[0].uid == llms["metadata"]["uid"]
+    assert rs.metadata.owner_references[0].uid == dep.metadata.uid
+    assert pod.metadata.owner_references[0].uid == rs.metadata.uid
+    assert pod.spec.node_name == operator.node.node.name
+    # The operator did this as the chart's ServiceAccount, and RBAC never refused it.
+    writes = operator.requests(resource="deployments", namespace=namespace)
+    assert any(e["verb"] == "patch" and e["responseStatus"]["code"] < 300 for e in writes)
+    status = operator.requests(resource="llmservices", subresource="status", namespace=namespace)
+    assert status, "the operator never patched llmservices/status"
+    assert operator.forbidden() == []
+
+    r = httpx.post(
+        f"http://{pod.status.pod_ip}:8000/v1/chat/completions",
+        json={
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 12,
+            "temperature": 0,
+        },
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+    llms_api(kube_api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    wait_for(
+        lambda: (
+            not apps.list_namespaced_deployment(namespace).items
+            and not apps.list_namespaced_replica_set(namespace).items
+            and not core.list_namespaced_pod(namespace).items
+            and not core.list_namespaced_service(namespace).items
+        ),
+        what="the garbage collector to remove Deployment, ReplicaSet, Pod and Service",
+        timeout=120,
+    )
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://{pod.status.pod_ip}:8000/health", timeout=2)
+
+
+def test_capacity_pending_until_a_gpu_node_is_added(
+    operator: Operator,
+    kube_api: client.ApiClient,
+    namespace: str,
+    add_node: Callable[..., FakeKubelet],
+) -> None:
+    add_node(gpus=1)  # kwok mode: GPU pods are reported Ready, not run
+    for name in ("first", "second"):
+        llms_api(kube_api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, gpu_llmservice(name)
+        )
+
+    def states() -> dict[str, tuple[str, str]]:
+        return {
+            n: (
+                condition(kube_api, namespace, n, "Ready").get("status", ""),
+                condition(kube_api, namespace, n, "CapacityPending").get("status", ""),
+            )
+            for n in ("first", "second")
+        }
+
+    wait_for(
+        lambda: sorted(states().values()) == [("False", "True"), ("True", "False")],
+        what="one LLMService Ready, the other CapacityPending",
+        timeout=120,
+    )
+    waiting = next(n for n, s in states().items() if s == ("False", "True"))
+    pending = condition(kube_api, namespace, waiting, "CapacityPending")
+    assert "Insufficient nvidia.com/gpu" in pending["message"]
+
+    add_node(gpus=1)  # what a cluster autoscaler would do
+    wait_for(
+        lambda: all(s == ("True", "False") for s in states().values()),
+        what="both LLMServices Ready once the new GPU node is schedulable",
+        timeout=120,
+    )
+    assert operator.forbidden() == []
