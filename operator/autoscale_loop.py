@@ -1,0 +1,370 @@
+"""The autoscaling loop: scrape each LLMService's pods, decide, write `/scale` and status.
+
+It runs as one asyncio task per operator process, started by a `@kopf.on.startup`
+handler and cancelled by `@kopf.on.cleanup`; it reads kopf's in-memory indexes (the
+LLMServices, and the IP / port / readiness of their pods) every half second and
+evaluates each LLMService with `autoscaling.enabled` once per its `intervalSeconds`.
+Why not a kopf timer or daemon on LLMService: both are per-object handlers, and kopf
+adds a finalizer to every object that has one, so deleting an LLMService would wait for
+the operator (and hang if it is down). The status publisher is event-driven for the
+same reason (docs/operator.md).
+
+Per evaluation: fetch every Ready pod's /metrics concurrently (scrape.py), turn counters
+into rates, call `autoscaler.decide` (pure), then
+- write `spec.replicas` through the scale subresource when the decision differs (the
+  reconciler makes the Deployment follow) and post an `Autoscaled` Event with the reason;
+- hand `status.signals`, `desiredReplicas`, `lastScaleTime`, `lastScaleReason` and the
+  `ScalingActive` condition to the status publisher, which writes them together with
+  its own fields (one writer per object; a merge patch replaces the conditions list).
+With `autoscaling.enabled: false` nothing here reads or writes `/scale`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from llmservice.operator import telemetry as tm
+from llmservice.operator.autoscaler import (
+    AutoscalingPolicy,
+    Decision,
+    History,
+    Observation,
+    PodMetrics,
+    decide,
+)
+from llmservice.operator.kube import Kube, path_for
+from llmservice.operator.publish import Observed, StatusPublisher
+from llmservice.operator.scrape import PodTarget, PreemptionRates, scrape_pods
+from llmservice.operator.spec import API_VERSION, KIND, PLURAL
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+SCALING_ACTIVE = "ScalingActive"
+DISABLED = "AutoscalingDisabled"
+COMPONENT = "llmservice-operator"
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def scrape_timeout(policy: AutoscalingPolicy) -> float:
+    """Short, and well inside the interval: half of it, between 0.5 s and 2 s."""
+    return min(2.0, max(0.5, policy.interval_seconds / 2))
+
+
+def signals_status(decision: Decision, obs: Observation, scraped: list[PodMetrics]) -> dict:
+    """`status.signals`: totals for the printer columns, and each signal's answer."""
+    out: dict[str, Any] = {
+        "pods": {
+            "ready": obs.ready_pods,
+            "scraped": len(obs.scraped),
+            "starting": obs.pending_pods,
+        },
+        "perSignal": {
+            s.name: {
+                "current": round(s.current, 3),
+                "target": s.target,
+                "desiredReplicas": s.desired,
+            }
+            for s in decision.signals
+        },
+    }
+    if decision.recommendation is not None:
+        out["recommendation"] = decision.recommendation
+    kv = [m.kv_cache_usage for m in scraped if m.kv_cache_usage is not None]
+    if kv:
+        mean = sum(kv) / len(kv)
+        out["kvCacheUsage"] = round(mean, 3)
+        out["kvCacheUsagePercent"] = round(mean * 100)
+    rates = [m.preemptions_per_minute for m in scraped if m.preemptions_per_minute is not None]
+    if rates:
+        out["preemptionsPerMinute"] = round(sum(rates), 1)
+    waiting = [m.waiting_requests for m in scraped if m.waiting_requests is not None]
+    if waiting:
+        out["waitingRequests"] = round(sum(waiting), 1)
+    return out
+
+
+def condition(status: str, reason: str, message: str) -> dict[str, str]:
+    return {"type": SCALING_ACTIVE, "status": status, "reason": reason, "message": message[:1024]}
+
+
+def event_manifest(body: dict[str, Any], type_: str, reason: str, message: str) -> dict[str, Any]:
+    """A core/v1 Event about an LLMService (what `kubectl describe` lists)."""
+    meta, stamp = body["metadata"], utc_now()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid", ""),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+@dataclass
+class _State:
+    """What the loop remembers about one LLMService between evaluations."""
+
+    history: History = field(default_factory=History)
+    rates: PreemptionRates = field(default_factory=PreemptionRates)
+    next_due: float = 0.0
+    busy: bool = False
+    active: bool | None = None
+    last_scale_time: str | None = None
+    last_scale_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the loop looks (kopf's live indexes, wrapped as plain callables)."""
+
+    services: Callable[[], Iterable[tuple[Key, dict[str, Any]]]]
+    targets: Callable[[Key], list[PodTarget]]
+    observe: Callable[[Key], Observed | None]
+
+
+class AutoscaleLoop:
+    def __init__(
+        self,
+        kube: Callable[[], Kube],
+        publisher: StatusPublisher,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        period: float = 0.5,
+        settle_seconds: float = 2.0,
+    ) -> None:
+        self._kube = kube
+        self._publisher = publisher
+        self._clock = clock
+        self._period = period
+        self._settle = settle_seconds  # let kopf's indexes fill before the first judgement
+        self._states: dict[Key, _State] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.last_pass: float | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def health(self) -> dict[str, Any]:
+        """For kopf's /healthz probe: fails (500) if the loop died or stopped passing."""
+        if self.task is not None and self.task.done():
+            raise RuntimeError(f"the autoscaling loop stopped: {self.task!r}")
+        age = None if self.last_pass is None else round(self._clock() - self.last_pass, 1)
+        if age is not None and age > 60:
+            raise RuntimeError(f"the autoscaling loop has not run for {age}s")
+        return {"services": len(self._states), "lastPassSecondsAgo": age}
+
+    async def run(self, sources: Sources) -> None:
+        await asyncio.sleep(self._settle)
+        async with httpx.AsyncClient(trust_env=False) as client:
+            try:
+                while True:
+                    self._pass(sources, client)
+                    self.last_pass = self._clock()
+                    await asyncio.sleep(self._period)
+            finally:
+                for task in list(self._tasks):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    def _pass(self, sources: Sources, client: httpx.AsyncClient) -> None:
+        now = self._clock()
+        seen: set[Key] = set()
+        for key, body in sources.services():
+            seen.add(key)
+            policy = AutoscalingPolicy.from_dict((body.get("spec") or {}).get("autoscaling"))
+            if not policy.enabled:
+                self._disabled(key, body, sources)
+                continue
+            state = self._states.setdefault(key, _State())
+            if state.busy or now < state.next_due:
+                continue
+            state.busy = True
+            # Keep the cadence (no drift), but never try to catch up on missed ticks.
+            state.next_due += policy.interval_seconds
+            if state.next_due <= now:
+                state.next_due = now + policy.interval_seconds
+            task = asyncio.create_task(
+                self._evaluate_safely(key, body, policy, state, sources, client)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        for key in [k for k in self._states if k not in seen]:
+            del self._states[key]  # deleted: the publisher forgets it in the delete handler
+
+    def _disabled(self, key: Key, body: dict[str, Any], sources: Sources) -> None:
+        """Switched off (or never on): say so once if ScalingActive is still there."""
+        state = self._states.pop(key, None)
+        conditions = (body.get("status") or {}).get("conditions") or []
+        stale = any(
+            c.get("type") == SCALING_ACTIVE and c.get("reason") != DISABLED for c in conditions
+        )
+        if state is None and not stale:
+            return
+        message = (
+            "autoscaling.enabled is false: spec.replicas belongs to kubectl scale, an HPA or KEDA"
+        )
+        self._publisher.set_extra(
+            key,
+            {"signals": None, "desiredReplicas": None},
+            [condition("False", DISABLED, message)],
+        )
+        emit = self._emitter(body)
+        task = asyncio.create_task(
+            asyncio.to_thread(self._publisher.publish, key, lambda: sources.observe(key), emit)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _evaluate_safely(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        policy: AutoscalingPolicy,
+        state: _State,
+        sources: Sources,
+        client: httpx.AsyncClient,
+    ) -> None:
+        started = self._clock()
+        try:
+            await self.evaluate(key, body, policy, state, sources, client)
+        except Exception:
+            log.exception("autoscaling %s/%s failed; retrying next interval", *key)
+        finally:
+            state.busy = False
+            tm.TICKS.labels(*key).inc()
+            tm.TICK_SECONDS.observe(self._clock() - started)
+
+    async def evaluate(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        policy: AutoscalingPolicy,
+        state: _State,
+        sources: Sources,
+        client: httpx.AsyncClient,
+    ) -> Decision | None:
+        """One evaluation of one LLMService; None if it is gone."""
+        namespace, name = key
+        pods = [p for p in sources.targets(key) if not p.terminating]
+        ready = [p for p in pods if p.ready and p.ip]
+        results = await scrape_pods(client, ready, scrape_timeout(policy))
+        scraped_at = self._clock()
+        scraped: list[PodMetrics] = []
+        failures: list[str] = []
+        for result in results:
+            tm.SCRAPES.labels(*key).inc()
+            if result.sample is None:
+                tm.SCRAPE_ERRORS.labels(*key).inc()
+                failures.append(result.error or result.target.name)
+                continue
+            sample = result.sample
+            rate = state.rates.update(result.target.uid, sample.preemptions_total, scraped_at)
+            scraped.append(PodMetrics(sample.kv_cache_usage, sample.waiting_requests, rate))
+        state.rates.forget_except(p.uid for p in pods)
+
+        scale_path = path_for(API_VERSION, PLURAL, namespace, name) + "/scale"
+        scale = await asyncio.to_thread(self._kube().get, scale_path)
+        if scale is None:
+            return None
+        current = int((scale.get("spec") or {}).get("replicas", 0))
+        observation = Observation(
+            current_replicas=current,
+            ready_pods=len(ready),
+            pending_pods=len(pods) - len(ready),
+            scraped=tuple(scraped),
+            scrape_failures=tuple(failures),
+        )
+        decision = decide(policy, observation, state.history, scraped_at)
+        state.history = decision.history
+
+        if decision.replicas != current:
+            await asyncio.to_thread(
+                self._kube().merge_patch, scale_path, {"spec": {"replicas": decision.replicas}}
+            )
+            state.last_scale_time, state.last_scale_reason = utc_now(), decision.reason
+            direction = "up" if decision.replicas > current else "down"
+            log.info(
+                "%s/%s: %d -> %d replicas: %s",
+                namespace,
+                name,
+                current,
+                decision.replicas,
+                decision.reason,
+            )
+            await self._event(
+                body,
+                "Normal",
+                "Autoscaled",
+                f"Scaled from {current} to {decision.replicas} replicas: {decision.reason}",
+            )
+        else:
+            direction = "none" if decision.recommendation is not None else "held"
+        tm.DECISIONS.labels(namespace, name, direction).inc()
+        tm.DESIRED_REPLICAS.labels(*key).set(decision.replicas)
+
+        if decision.active != state.active:
+            if not decision.active:
+                await self._event(body, "Warning", "ScalingInactive", decision.active_message)
+            elif state.active is False:
+                await self._event(body, "Normal", "ScalingActive", decision.active_message)
+            state.active = decision.active
+
+        fields: dict[str, Any] = {
+            "signals": signals_status(decision, observation, scraped),
+            "desiredReplicas": decision.replicas,
+        }
+        if state.last_scale_time:
+            fields["lastScaleTime"] = state.last_scale_time
+            fields["lastScaleReason"] = state.last_scale_reason
+        status = "True" if decision.active else "False"
+        self._publisher.set_extra(
+            key, fields, [condition(status, decision.active_reason, decision.active_message)]
+        )
+        await asyncio.to_thread(
+            self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
+        )
+        return decision
+
+    def _emitter(self, body: dict[str, Any]) -> Callable[[str, str, str], None]:
+        """Post Events straight to the API: kopf.event() needs a per-object handler's context.
+
+        Also handed to the publisher, which may emit other loops' condition changes
+        (Ready, Degraded, ...) when our publish request is the one that runs.
+        """
+
+        def emit(type_: str, reason: str, message: str) -> None:
+            manifest = event_manifest(body, type_, reason, message)
+            path = path_for("v1", "events", body["metadata"]["namespace"])
+            try:
+                self._kube().request("POST", path, body=manifest)
+            except Exception as exc:  # an Event is worth a log line, not a failed decision
+                log.warning("could not post the %s Event: %s", reason, exc)
+
+        return emit
+
+    async def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        await asyncio.to_thread(self._emitter(body), type_, reason, message)
