@@ -45,6 +45,12 @@ if [[ "${1:-}" == "--print" ]]; then
 	exit 0
 fi
 
+# etcd comes from Debian (3.4 is accepted by the pinned apiserver; docs/control-plane.md).
+if ! command -v etcd >/dev/null; then
+	echo "build-control-plane: warning: no etcd on PATH; the cluster tests need it:" \
+		"apt-get install etcd-server" >&2
+fi
+
 if [[ -f "$bin/.complete" ]]; then
 	link_repo_cache
 	echo "control plane up to date: $bin (kube $KUBE_VERSION, helm $HELM_VERSION)"

@@ -32,8 +32,12 @@ _names = itertools.count(1)
 
 @pytest.fixture(scope="session")
 def cluster_binaries() -> Binaries:
+    """The built binaries; without them the tier skips, or fails where they are required
+    (LLMSERVICE_REQUIRE_CLUSTER=1: `make test`, which builds them first)."""
     binaries, reason = find_binaries()
     if binaries is None:
+        if os.environ.get("LLMSERVICE_REQUIRE_CLUSTER") == "1":
+            pytest.fail(reason)
         pytest.skip(reason)
     return binaries
 
