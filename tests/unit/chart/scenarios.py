@@ -41,7 +41,6 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 # Flags the operator CLI does not have yet (the chart renders them only when asked to).
 PENDING_FLAGS = {
-    "--metrics-port": "operator CLI lacks --metrics-port (operator /metrics): see README",
     "--server-image": "operator CLI lacks --server-image (default server image): see README",
 }
 

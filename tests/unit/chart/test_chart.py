@@ -112,6 +112,7 @@ def test_service_monitor_scrapes_the_metrics_service(helm: Helm):
     (endpoint,) = monitor["spec"]["endpoints"]
     port_names = [p["name"] for p in service["spec"]["ports"]]
     assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # series keep the LLMService's namespace label
     # ... and the Service reaches the operator pod's metrics port.
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -299,13 +300,6 @@ def test_rendered_arguments_are_accepted_by_the_operator_cli(helm: Helm, scenari
     if pending:
         pytest.xfail("; ".join(PENDING_FLAGS[f] for f in pending))
     parse_args(container["args"])
-
-
-@pytest.mark.xfail(strict=True, reason=PENDING_FLAGS["--metrics-port"])
-def test_operator_cli_has_the_metrics_port_flag():
-    from llmservice.operator.cli import parse_args
-
-    parse_args(["--metrics-port=9090"])
 
 
 @pytest.mark.xfail(strict=True, reason=PENDING_FLAGS["--server-image"])

@@ -43,6 +43,20 @@ def test_every_queried_metric_is_exported_by_the_server():
     assert queried <= series, sorted(queried - series)
 
 
+def test_operator_metrics_queried_are_exported_by_the_operator():
+    from llmservice.operator import telemetry
+
+    text = generate_latest(telemetry.REGISTRY).decode()
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    queried = {
+        m
+        for exprs in exprs_by_title().values()
+        for e in exprs
+        for m in re.findall(r"llmservice_operator_[a-z_]+", e)
+    }
+    assert queried and queried <= names, sorted(queried - names)
+
+
 @pytest.mark.parametrize(
     ("title", "needles"),
     [
@@ -52,7 +66,7 @@ def test_every_queried_metric_is_exported_by_the_server():
         ("Time to first token p50 / p99", ["histogram_quantile(0.5,", "histogram_quantile(0.99,", "vllm:time_to_first_token_seconds_bucket"]),
         ("Inter-token latency p50 / p99", ["histogram_quantile(0.5,", "histogram_quantile(0.99,", "vllm:inter_token_latency_seconds_bucket"]),
         ("Tokens per second", ["rate(vllm:generation_tokens_total", "rate(vllm:prompt_tokens_total"]),
-        ("Replicas serving", ["count by (model_name)"]),
+        ("Replicas: serving and desired", ["count by (model_name)", "llmservice_operator_autoscaler_desired_replicas"]),
     ],
 )  # fmt: skip
 def test_required_panels_are_there(title: str, needles: list[str]):

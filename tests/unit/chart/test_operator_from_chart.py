@@ -88,6 +88,11 @@ def probe_url(container: dict[str, Any], probe: str) -> str:
     return f"http://127.0.0.1:{port}{get['path']}"
 
 
+def probe_url_of_port(container: dict[str, Any], name: str, path: str = "/metrics") -> str:
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    return f"http://127.0.0.1:{ports[name]}{path}"
+
+
 def wait_live(process: subprocess.Popen[bytes], url: str, log: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -301,8 +306,9 @@ def granted(op: RenderedOperator) -> set[tuple[str, str, str]]:
     return rights
 
 
-def test_default_install_runs_cluster_wide_with_exactly_its_rbac(helm: Helm, tmp_path: Path):
-    with RenderedOperator(helm, tmp_path, {}, "default") as op:
+def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: Path):
+    values = {"metrics.enabled": True, "metrics.port": free_port()}
+    with RenderedOperator(helm, tmp_path, values, "default") as op:
         k = op.kubectl
         k.ext.create_custom_resource_definition(SERVICE_MONITOR_CRD)  # Prometheus Operator
         serve_example(k)
@@ -319,6 +325,9 @@ def test_default_install_runs_cluster_wide_with_exactly_its_rbac(helm: Helm, tmp
             ),
             timeout=60,
         )
+        # The metrics Service's target port serves the operator's own metrics.
+        metrics = urllib.request.urlopen(probe_url_of_port(op.container, "metrics"), timeout=5)
+        assert "llmservice_operator_reconcile_duration_seconds_count" in metrics.read().decode()
         used = check_rbac(op, op.stop())
     assert ("create", "monitoring.coreos.com", "servicemonitors") in used
     # Least privilege: every right the chart grants is one the operator used here.
