@@ -28,6 +28,7 @@ import yaml
 
 from .binaries import Binaries
 from .fake_kubelet import ClusterAccess
+from .lifetime import die_with_parent
 from .pki import Pki, make_pki
 
 ADMIN_TOKEN = "admin-token-for-tests"  # system:masters
@@ -179,6 +180,7 @@ class ControlPlane:
             proc = subprocess.Popen(
                 argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.workdir, env={**os.environ, "GOMAXPROCS": "2"},
+                preexec_fn=die_with_parent,
             )  # fmt: skip
         comp = Component(name=name, process=proc, log=log)
         self.components[name] = comp
@@ -188,6 +190,7 @@ class ControlPlane:
         client, peer = free_port(), free_port()
         # tmpfs: the 3.4 etcd has no --unsafe-no-fsync, and fsyncs dominate a test run.
         data = Path("/dev/shm") if Path("/dev/shm").is_dir() else self.workdir
+        _sweep_stale_etcd_dirs(data)
         data_dir = data / f"llmservice-etcd-{os.getpid()}-{client}"
         self._etcd_data = data_dir
         self._spawn(
@@ -367,3 +370,11 @@ def _http_ok(
     except httpx.HTTPError:
         return False
     return r.status_code == 200
+
+
+def _sweep_stale_etcd_dirs(parent: Path) -> None:
+    """Remove etcd data left by test runs that were killed (their pid is gone)."""
+    for d in parent.glob("llmservice-etcd-*-*"):
+        pid = d.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["rm", "-rf", str(d)], check=False)

@@ -32,6 +32,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from .lifetime import die_with_parent
 from .pod_process import (
     automounts_token,
     probe_url,
@@ -262,7 +263,7 @@ class FakeKubelet:
                 plan.argv,
                 env={**env, **plan.env},
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=log_dir, start_new_session=True,
+                cwd=log_dir, start_new_session=True, preexec_fn=die_with_parent,
             )  # fmt: skip
         c.ready = c.probe is None
 
