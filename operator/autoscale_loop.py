@@ -134,6 +134,7 @@ class _State:
     next_due: float = 0.0
     busy: bool = False
     active: bool | None = None
+    warned: bool = False  # a ScalingInactive Warning is standing
     last_scale_time: str | None = None
     last_scale_reason: str | None = None
 
@@ -326,12 +327,13 @@ class AutoscaleLoop:
         tm.DECISIONS.labels(namespace, name, direction).inc()
         tm.DESIRED_REPLICAS.labels(*key).set(decision.replicas)
 
-        if decision.active != state.active:
-            if not decision.active:
-                await self._event(body, "Warning", "ScalingInactive", decision.active_message)
-            elif state.active is False:
-                await self._event(body, "Normal", "ScalingActive", decision.active_message)
-            state.active = decision.active
+        if state.active and not decision.active:  # not at creation: no pod is Ready yet then
+            await self._event(body, "Warning", "ScalingInactive", decision.active_message)
+            state.warned = True
+        elif decision.active and state.warned:
+            await self._event(body, "Normal", "ScalingActive", decision.active_message)
+            state.warned = False
+        state.active = decision.active
 
         fields: dict[str, Any] = {
             "signals": signals_status(decision, observation, scraped),

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 import kopf
+from llmservice.operator import telemetry
 from llmservice.operator.handlers import register
 from llmservice.operator.reconcile import Options
 
@@ -34,6 +35,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0.95,
         help="cluster-wide ceiling on spec.resources.gpuMemoryUtilization, in [0.5, 0.95]",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve the operator's own Prometheus /metrics on this port (default: off)",
+    )
+    p.add_argument("--metrics-address", default="0.0.0.0", help="bind address for --metrics-port")
     p.add_argument("--peering", metavar="NAME", help="kopf peering name (default: standalone)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("-d", "--debug", action="store_true")
@@ -49,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(
         max_gpu_memory_utilization=args.max_gpu_memory_utilization,
     )
+    if args.metrics_port is not None:
+        telemetry.serve(args.metrics_port, args.metrics_address)
     registry = kopf.OperatorRegistry()
     register(registry, options)
     kopf.configure(verbose=args.verbose, debug=args.debug, quiet=args.quiet)

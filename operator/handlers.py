@@ -7,14 +7,19 @@ differently configured operators without import-time globals.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
 import kopf
 from llmservice.operator import kube as k
 from llmservice.operator import reconcile as rc
+from llmservice.operator import telemetry as tm
+from llmservice.operator.autoscale_loop import AutoscaleLoop, Sources
 from llmservice.operator.publish import StatusPublisher
 from llmservice.operator.render import FIELD_MANAGER, LABEL_SERVICE
+from llmservice.operator.scrape import pod_target
 from llmservice.operator.spec import API_VERSION, GROUP, PLURAL, VERSION
 from llmservice.operator.status import deployment_view, pod_view
 
@@ -115,7 +120,8 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
         raw, emit = dict(body), _emitter(body)
         key = (meta["namespace"], meta["name"])
         try:
-            applied = rc.reconcile(raw, kube(), options, emit).deployment
+            with tm.RECONCILE_SECONDS.time():
+                applied = rc.reconcile(raw, kube(), options, emit).deployment
 
             def observe() -> tuple[dict[str, Any], Any, list[Any]]:
                 watched = list(llms_deployments.get(key, []))
@@ -127,6 +133,7 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
 
             publisher.publish(key, observe, emit, meta.get("generation"))
         except k.ApiError as exc:
+            tm.RECONCILE_ERRORS.inc()
             raise _temporary(exc) from exc
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
@@ -169,3 +176,63 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
             publisher.publish(key, observe, emit)
         except k.ApiError as exc:
             logging.getLogger(__name__).warning("status of %s/%s: %s", *key, exc)
+
+    register_autoscaler(registry, kube, publisher)
+
+
+def register_autoscaler(
+    registry: kopf.OperatorRegistry, kube: Any, publisher: StatusPublisher
+) -> None:
+    """The autoscaling loop: one asyncio task for the whole operator (see autoscale_loop.py
+    for why it is not a per-object timer or daemon: those put finalizers on LLMServices)."""
+    loop = AutoscaleLoop(kube, publisher)
+
+    @kopf.index("", "v1", "pods", id="llms_scrape_targets", labels=CHILD_LABELS, registry=registry)
+    def llms_scrape_targets(
+        namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any
+    ) -> Any:
+        return {(namespace, labels[LABEL_SERVICE]): pod_target(dict(body))}
+
+    @kopf.on.startup(id="autoscaler", registry=registry)
+    async def start_autoscaler(
+        memo: kopf.Memo,
+        llms: kopf.Index,
+        llms_deployments: kopf.Index,
+        llms_pods: kopf.Index,
+        llms_scrape_targets: kopf.Index,
+        **_: Any,
+    ) -> None:
+        def services() -> list[tuple[tuple[str, str], dict[str, Any]]]:
+            found = []
+            for key, store in list(llms.items()):
+                bodies = list(store)
+                if bodies:
+                    found.append((key, bodies[0]))
+            return found
+
+        def observe(key: tuple[str, str]) -> Any:
+            bodies = list(llms.get(key, []))
+            if not bodies:
+                return None
+            deployments = list(llms_deployments.get(key, []))
+            return bodies[0], deployments[0] if deployments else None, list(llms_pods.get(key, []))
+
+        sources = Sources(
+            services=services,
+            targets=lambda key: list(llms_scrape_targets.get(key, [])),
+            observe=observe,
+        )
+        loop.task = asyncio.create_task(loop.run(sources), name="autoscaler")
+        memo["autoscaler"] = loop.task
+
+    @kopf.on.cleanup(id="autoscaler", registry=registry)
+    async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
+        task = memo.get("autoscaler")
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @kopf.on.probe(id="autoscaler", errors=kopf.ErrorsMode.PERMANENT, registry=registry)
+    def autoscaler_health(**_: Any) -> dict[str, Any]:
+        return loop.health()

@@ -40,6 +40,13 @@ class StatusPublisher:
         self._busy: set[Key] = set()
         self._pending: dict[Key, _Request] = {}
         self._published: dict[Key, tuple[str, dict[str, Any]]] = {}  # key -> (uid, status)
+        # Fields another loop owns (the autoscaler): written with ours, one merge patch.
+        self._extra: dict[Key, tuple[dict[str, Any], list[dict[str, str]]]] = {}
+
+    def set_extra(self, key: Key, fields: dict[str, Any], conditions: list[dict[str, str]]) -> None:
+        """Status fields and conditions owned by someone else, included in every write."""
+        with self._guard:
+            self._extra[key] = (dict(fields), list(conditions))
 
     def publish(
         self,
@@ -79,7 +86,11 @@ class StatusPublisher:
         cached_uid, last = self._published.get(key, ("", {}))
         if cached_uid != uid:
             last = dict(body.get("status") or {})
-        update = rc.status_for({**body, "status": last}, self._options, deployment, pods)
+        with self._guard:
+            extra, extra_conditions = self._extra.get(key, ({}, []))
+        update = rc.status_for(
+            {**body, "status": last}, self._options, deployment, pods, extra, extra_conditions
+        )
         patch = changed_fields(last, update.status)
         generation = request.observed_generation
         if generation is not None and last.get("observedGeneration") != generation:
@@ -99,3 +110,4 @@ class StatusPublisher:
     def forget(self, namespace: str, name: str) -> None:
         with self._guard:
             self._published.pop((namespace, name), None)
+            self._extra.pop((namespace, name), None)

@@ -142,8 +142,11 @@ def status_for(
     options: Options,
     deployment: DeploymentView | None,
     pods: Iterable[PodView],
+    extra: dict[str, Any] | None = None,
+    extra_conditions: list[dict[str, str]] | None = None,
 ) -> StatusUpdate:
-    """The status this object should carry given what is observed right now."""
+    """The status this object should carry given what is observed right now (plus the
+    autoscaler's fields, see compute_status)."""
     owner = owner_of(body)
     spec = LLMServiceSpec.from_dict(body["spec"])
     return compute_status(
@@ -156,6 +159,8 @@ def status_for(
         now=now(),
         selector=r.selector_string(owner.name),
         endpoint=r.endpoint(owner),
+        extra=extra,
+        extra_conditions=extra_conditions,
     )
 
 

@@ -239,8 +239,16 @@ def compute_status(
     now: str,
     selector: str,
     endpoint: str,
+    extra: dict[str, Any] | None = None,
+    extra_conditions: list[dict[str, str]] | None = None,
 ) -> StatusUpdate:
-    """The status the object should have now, and the condition changes since `previous`."""
+    """The status the object should have now, and the condition changes since `previous`.
+
+    `extra` and `extra_conditions` are fields owned by another loop (the autoscaler's
+    signals and ScalingActive); they go out in the same write, since a merge patch replaces
+    the whole conditions list. A condition of a type computed by nobody here (e.g.
+    ScalingActive right after an operator restart) is carried over unchanged.
+    """
     previous = previous or {}
     progressing, ready = _progress(desired_replicas, fit, deployment)
     current = {
@@ -250,9 +258,12 @@ def compute_status(
         DEGRADED: _degraded_condition(pods),
         CAPACITY_PENDING: _capacity_condition(pods),
     }
+    computed = [current[t] for t in CONDITION_ORDER] + list(extra_conditions or [])
     conditions, transitions = merge_conditions(
-        previous.get("conditions", []), [current[t] for t in CONDITION_ORDER], generation, now
+        previous.get("conditions", []), computed, generation, now
     )
+    known = {c["type"] for c in computed}
+    conditions += [c for c in previous.get("conditions") or [] if c.get("type") not in known]
     status: dict[str, Any] = {
         "replicas": deployment.replicas if deployment else 0,
         "readyReplicas": deployment.ready_replicas if deployment else 0,
@@ -260,6 +271,7 @@ def compute_status(
         "endpoint": endpoint,
         "conditions": conditions,
         "memoryPlan": fit.plan.as_status() if fit.plan else None,
+        **(extra or {}),
     }
     return StatusUpdate(status=status, transitions=transitions)
 

@@ -118,8 +118,10 @@ class FakeKubelet:
         executables: dict[str, str] | None = None,
         env: dict[str, str] | None = None,
         log_dir: Path | None = None,
+        ip_prefix: str = "127.0.0.",
     ) -> None:
         self.store = store
+        self.ip_prefix = ip_prefix  # another 127.x.y. keeps concurrent test runs' pods apart
         self.nodes = nodes
         self.mode = mode
         self.ready_delay = ready_delay
@@ -373,7 +375,7 @@ class FakeKubelet:
         if uid not in self._ips:
             used = set(self._ips.values())
             self._ips[uid] = next(
-                f"127.0.0.{i}" for i in range(2, 255) if f"127.0.0.{i}" not in used
+                f"{self.ip_prefix}{i}" for i in range(2, 255) if f"{self.ip_prefix}{i}" not in used
             )
         return self._ips[uid]
 

@@ -27,10 +27,11 @@ class OperatorProcess:
         self.log_path = log_path
         self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
+        self.liveness = ""  # kopf's /healthz URL, once started
 
     def start(self, timeout: float = 30) -> None:
         port = free_port()
-        liveness = f"http://127.0.0.1:{port}/healthz"
+        liveness = self.liveness = f"http://127.0.0.1:{port}/healthz"
         argv = [
             sys.executable, "-m", "llmservice.operator.cli",
             "--all-namespaces", "--liveness", liveness,
