@@ -30,8 +30,9 @@ def main() -> None:
     longs = [[rng.randrange(200, 40000) for _ in range(args.long_prompt)] for _ in range(args.long_requests)]
     results = {}
     for chunked in (False, True):
-        budget = args.chunk if chunked else args.long_prompt + args.decoders
-        eng = common.engine(enable_chunked_prefill=chunked, max_num_batched_tokens=budget, enable_prefix_caching=False)
+        budget = args.chunk if chunked else args.long_prompt + args.decoders + 64
+        eng = common.engine(enable_chunked_prefill=chunked, max_num_batched_tokens=budget, enable_prefix_caching=False,
+                            max_model_len=args.long_prompt + args.decoders + 64)
         schedule = [(0.0, p, common.greedy(args.decode_tokens)) for p in decoders]
         schedule += [(0.5 + 1.0 * i, p, common.greedy(4)) for i, p in enumerate(longs)]
         trace = common.drive(eng, schedule)

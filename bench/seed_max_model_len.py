@@ -21,7 +21,7 @@ import common  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--kv-gib", type=float, default=0.25)
+    ap.add_argument("--kv-gib", type=float, default=0.5)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     common.setup(args.threads)

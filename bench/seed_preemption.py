@@ -9,6 +9,7 @@ of the two in each.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ def main() -> None:
     ap.add_argument("--long-requests", type=int, default=6)
     ap.add_argument("--short-requests", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--only", choices=["long_prompts", "short_prompts_long_outputs"], default=None,
+                    help="run one workload and merge into the existing JSON")
     args = ap.parse_args()
     common.setup(args.threads)
     rng = random.Random(0)
@@ -32,17 +35,23 @@ def main() -> None:
              for _ in range(args.long_requests)],
             # KV for ~2.5 long requests: most of them get preempted while decoding
             int(2.5 * (args.long_prompt + 300)),
+            args.long_prompt + 512,
         ),
         "short_prompts_long_outputs": (
             [([rng.randrange(200, 40000) for _ in range(rng.randint(20, 60))], 200) for _ in range(args.short_requests)],
             int(0.4 * args.short_requests * 260),
+            512,
         ),
     }
-    results = {}
-    for name, (work, kv_tokens) in workloads.items():
+    if args.only:
+        workloads = {args.only: workloads[args.only]}
+    path = common.RESULTS / "seed_preemption.json"
+    results = json.loads(path.read_text()) if args.only and path.exists() else {}
+    for name, (work, kv_tokens, max_model_len) in workloads.items():
         results[name] = {}
         for mode in ("recompute", "swap", "auto"):
             eng = common.engine(preemption_mode=mode, swap_space=2.0, num_gpu_blocks_override=kv_tokens // 16,
+                                max_model_len=max_model_len,
                                 max_num_batched_tokens=512, enable_prefix_caching=False)
             trace = common.drive(eng, [(0.0, p, common.greedy(o)) for p, o in work])
             s = eng.scheduler.stats
@@ -58,7 +67,9 @@ def main() -> None:
         res["p99_recompute_over_swap"] = res["recompute"]["latency_p99_s"] / res["swap"]["latency_p99_s"]
     common.write("seed_preemption", results)
     panels = {}
-    for name in workloads:
+    for name in results:
+        if name == "machine":
+            continue
         panels[f"{name}: p99 latency (s)"] = {m: results[name][m]["latency_p99_s"] for m in ("recompute", "swap", "auto")}
         panels[f"{name}: tok/s"] = {m: results[name][m]["output_tok_per_s"] for m in ("recompute", "swap", "auto")}
     common.bar_plot("seed_preemption", "Preemption mode under KV pressure", panels)
