@@ -178,6 +178,7 @@ class AutoscaleLoop:
         return {"services": len(self._states), "lastPassSecondsAgo": age}
 
     async def run(self, sources: Sources) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per scrape
         await asyncio.sleep(self._settle)
         async with httpx.AsyncClient(trust_env=False) as client:
             try:

@@ -14,14 +14,16 @@ stops scaling nor halves the estimate):
   signal no peer uses, and the one that says the KV cache is too small for the load
   (a full cache alone is normal for a busy vLLM-style engine).
 
-A signal within ±10% of its target answers N (no change). The recommendation is the
+An answer within ±10% of the current `spec.replicas` keeps it. The recommendation is the
 largest answer, clamped to [minReplicas, maxReplicas]. Scaling up goes straight to the
 recommendation (KubeAI #229: one pod at a time took hours). Scaling down happens only
 when every recommendation over the last `scaleDownStabilizationSeconds` was below the
 current count — to the highest of them, and by at most half per step (oscillating load
 cannot flap). Pods that are Pending or still starting are capacity already requested:
-they are part of `spec.replicas`, which the recommendation is compared with, and are
-never scraped, so they never look idle. With no pod scraped the last decision is held.
+`spec.replicas` counts them, so they cause no extra scale-up; they are never scraped,
+and on the way down each is assumed to run at the target (as the HPA does with pods
+that have no metrics), so they never look idle. With no pod scraped the last decision
+is held.
 
 Everything here is a function of its arguments (time included), so the decision table
 in tests/unit/operator/test_autoscaler*.py covers it without a cluster.
@@ -172,10 +174,25 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def signal_answers(
-    policy: AutoscalingPolicy, ready: int, scraped: tuple[PodMetrics, ...]
-) -> tuple[Signal, ...]:
+def _answer(obs: Observation, need: float) -> int:
+    """Replicas for one signal, given `need` = N x current / target (replicas' worth of load).
+
+    Compared with spec.replicas, which already counts the pods still starting: within ±10%
+    of it, keep it; above, exactly what the load needs (no extra for pods on their way);
+    below, the starting pods are assumed to be at the target (never idle), so they are
+    only given up when the Ready pods' load alone says so.
+    """
+    current = obs.current_replicas
+    if current > 0 and abs(need / current - 1) <= TOLERANCE:
+        return current
+    if need > current:
+        return _ceil(need)
+    return min(current, _ceil(need + obs.pending_pods))
+
+
+def signal_answers(policy: AutoscalingPolicy, obs: Observation) -> tuple[Signal, ...]:
     """Each signal's desired replica count; a signal no scraped pod reports is left out."""
+    scraped = obs.scraped
     series = (
         ("preemptions", [m.preemptions_per_minute for m in scraped],
          policy.preemptions_per_minute_per_replica),
@@ -189,8 +206,7 @@ def signal_answers(
         if not values:
             continue
         current = _mean(values)
-        ratio = current / target
-        desired = ready if abs(ratio - 1) <= TOLERANCE else _ceil(ready * ratio)
+        desired = _answer(obs, obs.ready_pods * current / target)
         answers.append(Signal(name, current, target, desired))
     return tuple(answers)
 
@@ -264,7 +280,7 @@ def decide(policy: AutoscalingPolicy, obs: Observation, history: History, now: f
         return _held(
             policy, obs, history, NO_METRICS, f"no Ready pod's /metrics could be read: {failures}"
         )
-    signals = signal_answers(policy, obs.ready_pods, obs.scraped)
+    signals = signal_answers(policy, obs)
     if not signals:
         return _held(
             policy, obs, history, NO_METRICS,

@@ -209,7 +209,9 @@ class FakeKubelet:
         for _ in range(desired - len(new)):
             self._create_pod(d, current_hash)
         if len(new) > desired:
-            extra = sorted(new, key=lambda p: (_ready(p), p["metadata"]["creationTimestamp"]))
+            # As the ReplicaSet controller ranks them: not Ready first, then the newest.
+            newest = sorted(new, key=lambda p: p["metadata"]["creationTimestamp"], reverse=True)
+            extra = sorted(newest, key=_ready)
             for pod in extra[: len(new) - desired]:
                 self.store.delete(PODS, ns, pod["metadata"]["name"])
         ready_new = sum(1 for p in new if _ready(p))

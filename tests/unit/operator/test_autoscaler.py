@@ -136,13 +136,13 @@ def test_a_tie_prefers_preemptions():
 
 def test_a_signal_no_pod_reports_is_left_out():
     # The first scrape of a pod has no preemption rate yet (it needs two counter readings).
-    answers = signal_answers(POLICY, 2, pods(2, kv=0.5, preempt=None))
+    answers = signal_answers(POLICY, observe(2, pods(2, kv=0.5, preempt=None)))
     assert [s.name for s in answers] == ["kvCacheUsage", "waitingRequests"]
 
 
 def test_signals_average_over_the_pods_that_report_them():
     metrics = (PodMetrics(0.9, 0.0, None), PodMetrics(0.5, 0.0, 10.0))
-    answers = {s.name: s for s in signal_answers(POLICY, 2, metrics)}
+    answers = {s.name: s for s in signal_answers(POLICY, observe(2, metrics))}
     assert answers["kvCacheUsage"].current == pytest.approx(0.7)
     assert answers["preemptions"].current == 10.0  # only the second pod has a rate yet
     assert answers["preemptions"].desired == 4  # ceil(2 x 10 / 5)
@@ -167,7 +167,7 @@ def test_tolerance_band(kv, expected):
 
 
 def test_inside_the_band_the_answer_is_the_current_count():
-    (kv,) = signal_answers(POLICY, 4, pods(4, kv=0.87, waiting=None, preempt=None))
+    (kv,) = signal_answers(POLICY, observe(4, pods(4, kv=0.87, waiting=None, preempt=None)))
     assert kv.desired == 4
     assert "≈" in kv.describe(4)
 
@@ -307,6 +307,35 @@ def test_pending_pods_are_not_idle():
     # the average is over scraped pods, so the answer stays ceil(1 x 18/5) = 4.
     d = once(observe(3, pods(1, preempt=18.0), pending=2))
     assert d.replicas == 4
+
+
+def test_starting_pods_are_assumed_at_target_on_the_way_down():
+    """3 asked for, 1 Ready, 2 still loading weights. The Ready pod is busy but inside
+    its target (KV 0.88 of 0.95), and saw no preemption this interval. Judged alone it
+    says 1; with the 2 starting pods counted at the target it says 3: nothing is removed
+    before it ever served (the e2e run that found this scaled 3 -> 2 -> 1 mid-load)."""
+    policy = AutoscalingPolicy(
+        enabled=True, max_replicas=3, kv_cache_usage_target=0.95,
+        scale_down_stabilization_seconds=0,
+    )  # fmt: skip
+    d = once(observe(3, pods(1, kv=0.88, waiting=4.0, preempt=0.0), pending=2), policy)
+    assert d.replicas == 3
+    assert {s.name: s.desired for s in d.signals}["kvCacheUsage"] == 3
+
+
+def test_idle_ready_pods_still_give_up_starting_ones():
+    policy = AutoscalingPolicy(enabled=True, scale_down_stabilization_seconds=0)
+    d = once(observe(4, pods(1, kv=0.0), pending=3), policy)  # idle: 0 + 3 starting at target
+    assert d.recommendation == 3 and d.replicas == 3
+
+
+def test_pods_still_going_away_do_not_scale_back_up():
+    """spec says 1 but the second pod is not gone yet: 2 Ready pods sharing one pod's
+    load (KV 1.0 + 0.0 against 0.95) is within 10% of 1 replica, not 'ceil(1.05) = 2'."""
+    policy = AutoscalingPolicy(enabled=True, kv_cache_usage_target=0.95)
+    metrics = (PodMetrics(1.0, 0.0, 0.0), PodMetrics(0.0, 0.0, None))
+    d = once(observe(1, metrics), policy)
+    assert d.replicas == 1
 
 
 def test_only_pending_pods_holds():
