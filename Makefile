@@ -65,6 +65,10 @@ $(PEERS_VENV)/.llama-cpp-python:
 bench-peers: install $(PEERS_VENV)/.llama-cpp-python
 	$(PY) bench/serve_compare.py --llama-venv $(PEERS_VENV)
 
+# Autoscaler end to end: real server pods, preemptions -> 1 -> 3 -> 1 replicas (~3-6 min on 2 cores)
+e2e: install
+	$(PY) bench/autoscale_e2e.py
+
 # The user's path on kind: images, helm install, a CPU-only LLMService, a completion.
 # Needs Docker, kind, helm and kubectl; not runnable on machines without a Docker engine.
 e2e-kind:
