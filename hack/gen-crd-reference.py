@@ -27,7 +27,7 @@ BEGIN = "<!-- BEGIN GENERATED: LLMService reference (hack/gen-crd-reference.py) 
 END = "<!-- END GENERATED: LLMService reference -->"
 
 FALLBACK = {
-    "spec.engine.image": "Image of the model-server pods (Dockerfile.server).",
+    "spec.engine.image": "Image of the model-server pods (Dockerfile.server); unset: the operator's `--server-image` (Helm value `serverImage`).",
     "spec.engine.imagePullPolicy": "When the kubelet pulls the server image.",
     "spec.engine.enablePrefixCaching": "Share the KV cache of common prompt prefixes (`--enable-prefix-caching`).",
     "spec.engine.enableChunkedPrefill": "Split long prompts across steps, interleaved with decodes (`--enable-chunked-prefill`).",

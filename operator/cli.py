@@ -1,7 +1,8 @@
 """`llmservice operator`: run the kopf operator with this project's handlers.
 
 A thin wrapper over `kopf run` (kopf.run) that adds the operator-wide settings a Helm
-chart sets, e.g. `--max-gpu-memory-utilization` to lower the VRAM ceiling below 0.95.
+chart sets, e.g. `--max-gpu-memory-utilization` to lower the VRAM ceiling below 0.95, or
+`--server-image` for the pods of every LLMService that does not set spec.engine.image.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import kopf
 from llmservice.operator import telemetry
 from llmservice.operator.handlers import register
 from llmservice.operator.reconcile import Options
+from llmservice.operator.render import DEFAULT_SERVER_IMAGE
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,6 +38,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="cluster-wide ceiling on spec.resources.gpuMemoryUtilization, in [0.5, 0.95]",
     )
     p.add_argument(
+        "--server-image",
+        metavar="IMAGE",
+        default=DEFAULT_SERVER_IMAGE,
+        help="model-server image for LLMServices without spec.engine.image "
+        f"(default: {DEFAULT_SERVER_IMAGE})",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
@@ -49,6 +58,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0.5 <= args.max_gpu_memory_utilization <= 0.95:
         p.error("--max-gpu-memory-utilization must lie in [0.5, 0.95]")
+    if not args.server_image.strip():
+        p.error("--server-image must not be empty")
     return args
 
 
@@ -56,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     options = Options(
         max_gpu_memory_utilization=args.max_gpu_memory_utilization,
+        server_image=args.server_image,
     )
     if args.metrics_port is not None:
         telemetry.serve(args.metrics_port, args.metrics_address)

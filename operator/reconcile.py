@@ -43,6 +43,7 @@ class Options:
     """Operator-wide settings (CLI flags / Helm values)."""
 
     max_gpu_memory_utilization: float = 0.95
+    server_image: str = r.DEFAULT_SERVER_IMAGE
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
         owner,
         spec,
         max_gpu_memory_utilization=options.max_gpu_memory_utilization,
+        server_image=options.server_image,
         with_service_monitor=kube.has_resource(SERVICE_MONITOR_API, "servicemonitors"),
     )
     applied = {m["kind"]: apply_child(kube, m, emit) for m in manifests.all()}

@@ -19,6 +19,8 @@ CONTAINER = "server"
 MODELS_MOUNT = "/models"
 CACHE_MOUNT = "/models-cache"
 FIELD_MANAGER = "llmservice-operator"
+# Server image for objects without spec.engine.image (operator flag --server-image).
+DEFAULT_SERVER_IMAGE = "ghcr.io/llmservice/llmservice:0.1.0"
 LABEL_SERVICE = "llmservice.dev/service"  # value: the LLMService name, on every child
 SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 
@@ -74,10 +76,11 @@ def render(
     spec: LLMServiceSpec,
     *,
     max_gpu_memory_utilization: float = 0.95,
+    server_image: str = DEFAULT_SERVER_IMAGE,
     with_service_monitor: bool = False,
 ) -> Manifests:
     return Manifests(
-        deployment=render_deployment(owner, spec, max_gpu_memory_utilization),
+        deployment=render_deployment(owner, spec, max_gpu_memory_utilization, server_image),
         service=render_service(owner),
         pdb=render_pdb(owner) if spec.replicas > 1 else None,
         service_monitor=render_service_monitor(owner) if with_service_monitor else None,
@@ -213,12 +216,17 @@ def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any
     }
 
 
-def render_pod_spec(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> dict[str, Any]:
+def render_pod_spec(
+    owner: Owner,
+    spec: LLMServiceSpec,
+    max_utilization: float,
+    server_image: str = DEFAULT_SERVER_IMAGE,
+) -> dict[str, Any]:
     e, sched = spec.engine, spec.scheduling
     volumes, mounts = _volumes(spec)
     container = {
         "name": CONTAINER,
-        "image": e.image,
+        "image": e.image or server_image,  # the object's own image wins over the operator's
         "imagePullPolicy": e.image_pull_policy,
         "command": ["llmservice"],
         "args": server_args(owner, spec, max_utilization),
@@ -268,7 +276,10 @@ def render_pod_spec(owner: Owner, spec: LLMServiceSpec, max_utilization: float) 
 
 
 def render_deployment(
-    owner: Owner, spec: LLMServiceSpec, max_utilization: float = 0.95
+    owner: Owner,
+    spec: LLMServiceSpec,
+    max_utilization: float = 0.95,
+    server_image: str = DEFAULT_SERVER_IMAGE,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
@@ -293,7 +304,7 @@ def render_deployment(
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": render_pod_spec(owner, spec, max_utilization),
+                "spec": render_pod_spec(owner, spec, max_utilization, server_image),
             },
         },
     }

@@ -18,8 +18,6 @@ PLURAL = "llmservices"
 KIND = "LLMService"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-DEFAULT_IMAGE = "ghcr.io/llmservice/llmservice:0.1.0"
-
 
 def _get(data: dict[str, Any] | None, key: str, default: Any) -> Any:
     if not data:
@@ -83,7 +81,9 @@ def _architecture(data: dict[str, Any], parameter_count: int | None) -> Architec
 
 @dataclass(frozen=True)
 class EngineSpec:
-    image: str = DEFAULT_IMAGE
+    # None: the operator's --server-image (the CRD has no default, so a cluster-wide
+    # image set by the Helm chart applies to every object that does not pin its own).
+    image: str | None = None
     image_pull_policy: str = "IfNotPresent"
     block_size: int = 16
     max_model_len: int = 4096
@@ -108,7 +108,7 @@ class EngineSpec:
     def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:
         d = cls()
         return cls(
-            image=_get(data, "image", d.image),
+            image=_get(data, "image", None) or None,
             image_pull_policy=_get(data, "imagePullPolicy", d.image_pull_policy),
             block_size=_get(data, "blockSize", d.block_size),
             max_model_len=_get(data, "maxModelLen", d.max_model_len),

@@ -110,3 +110,18 @@ def test_operator_ceiling_on_gpu_memory_utilization(fresh: Env):
     vram = wait_until(lambda: k.condition("long", "VRAMFit"))
     assert vram["status"] == "False" and "x 0.80" in vram["message"]
     assert k.deployment("long") is None
+
+
+@pytest.mark.parametrize("fresh", [("--server-image", "registry.example/site:1")], indirect=True)
+def test_operator_server_image_is_the_default_of_every_pod(fresh: Env):
+    k = fresh.kubectl
+
+    def image(name: str) -> str:
+        deployment = wait_until(lambda: k.deployment(name))
+        return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    k.apply(llmservice("plain", **GPU_8B))
+    assert "image" not in k.llms("plain")["spec"]["engine"]  # no CRD default in the way
+    assert image("plain") == "registry.example/site:1"
+    k.apply(llmservice("pinned", engine={"image": "registry.example/pinned:2"}, **GPU_8B))
+    assert image("pinned") == "registry.example/pinned:2"

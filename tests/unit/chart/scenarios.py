@@ -39,11 +39,6 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Flags the operator CLI does not have yet (the chart renders them only when asked to).
-PENDING_FLAGS = {
-    "--server-image": "operator CLI lacks --server-image (default server image): see README",
-}
-
 
 @dataclass(frozen=True)
 class Access:

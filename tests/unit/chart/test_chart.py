@@ -29,7 +29,7 @@ from tests.unit.chart.helm import (
     one,
     operator_container,
 )
-from tests.unit.chart.scenarios import PENDING_FLAGS, SCENARIOS, Access, allows
+from tests.unit.chart.scenarios import SCENARIOS, Access, allows
 
 OPERATOR_RULES = {
     # (apiGroup, resource): verbs — exactly what the operator (and the autoscaler) use.
@@ -296,17 +296,18 @@ def test_rendered_arguments_are_accepted_by_the_operator_cli(helm: Helm, scenari
 
     container = operator_container(helm.template(SCENARIOS[scenario]))
     assert container["command"] == ["llmservice", "operator"]
-    pending = [f for f in PENDING_FLAGS if any(a.startswith(f) for a in container["args"])]
-    if pending:
-        pytest.xfail("; ".join(PENDING_FLAGS[f] for f in pending))
     parse_args(container["args"])
 
 
-@pytest.mark.xfail(strict=True, reason=PENDING_FLAGS["--server-image"])
-def test_operator_cli_has_the_server_image_flag():
+def test_server_image_value_reaches_the_operators_options(helm: Helm):
     from llmservice.operator.cli import parse_args
 
-    parse_args(["--server-image=registry.example/llmservice:1"])
+    container = operator_container(helm.template(SCENARIOS["everything"]))
+    assert parse_args(container["args"]).server_image == "registry.example/llmservice:0.1.0-cu128"
+    default = operator_container(helm.template())
+    assert not any(a.startswith("--server-image") for a in default["args"])
+    with pytest.raises(SystemExit):
+        parse_args(["--server-image="])  # an empty value would render pods without an image
 
 
 # ------------------------------------------------------------------ one source of truth
@@ -358,13 +359,14 @@ def test_peering_crds_are_the_resources_kopf_uses():
 def test_app_version_is_the_project_version():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    from llmservice.operator.cli import parse_args
+
     import llmservice
 
     assert chart["appVersion"] == project == llmservice.__version__
-    # The default images are tagged with it.
+    # The default images are tagged with it: the operator's and its --server-image default.
     assert yaml.safe_load((CHART / "values.yaml").read_text())["image"]["tag"] == ""
-    crd = (ROOT / "crds" / "llmservice.yaml").read_text()
-    assert f"ghcr.io/llmservice/llmservice:{project}" in crd
+    assert parse_args([]).server_image == f"ghcr.io/llmservice/llmservice:{project}"
 
 
 # ------------------------------------------------------------------ values.yaml

@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from llmservice.operator.render import Owner, render, selector_string
+from llmservice.operator.render import DEFAULT_SERVER_IMAGE, Owner, render, selector_string
 from llmservice.operator.spec import LLMServiceSpec
 
 from tests.support.schema import admit
@@ -130,6 +130,26 @@ def test_operator_ceiling_caps_the_utilization_flag():
     assert flag(args_of(rendered(obj)), "--gpu-memory-utilization") == "0.95"
     capped = rendered(obj, max_gpu_memory_utilization=0.85)
     assert flag(args_of(capped), "--gpu-memory-utilization") == "0.85"
+
+
+def image_of(manifests) -> str:
+    return manifests.deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def test_operator_server_image_applies_when_the_spec_sets_none():
+    obj = example("smollm2-cpu")
+    assert "image" not in obj["spec"]["engine"]  # the CRD no longer defaults it
+    assert image_of(rendered(obj)) == DEFAULT_SERVER_IMAGE
+    site = rendered(obj, server_image="registry.example/llmservice:0.1.0-cu128")
+    assert image_of(site) == "registry.example/llmservice:0.1.0-cu128"
+
+
+def test_spec_engine_image_wins_over_the_operators_server_image():
+    obj = example("smollm2-cpu")
+    obj["spec"]["engine"]["image"] = "registry.example/pinned:7"
+    assert image_of(rendered(obj, server_image="registry.example/llmservice:2")) == (
+        "registry.example/pinned:7"
+    )
 
 
 def test_gpu_pod_details():
