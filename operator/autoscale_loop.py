@@ -58,8 +58,9 @@ def utc_now() -> str:
 
 
 def scrape_timeout(policy: AutoscalingPolicy) -> float:
-    """Short, and well inside the interval: half of it, between 0.5 s and 2 s."""
-    return min(2.0, max(0.5, policy.interval_seconds / 2))
+    """Short, and inside the interval: half of it, between 1 s and 2 s (a loaded node can
+    take several hundred ms to answer a local /metrics; a timeout is a skipped pod)."""
+    return min(2.0, max(1.0, policy.interval_seconds / 2))
 
 
 def signals_status(decision: Decision, obs: Observation, scraped: list[PodMetrics]) -> dict:

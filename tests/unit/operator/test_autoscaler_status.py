@@ -144,5 +144,5 @@ def test_event_names_the_llmservice():
 
 def test_scrape_timeout_is_short_and_inside_the_interval():
     assert scrape_timeout(AutoscalingPolicy(interval_seconds=15)) == 2.0
-    assert scrape_timeout(AutoscalingPolicy(interval_seconds=1)) == 0.5
+    assert scrape_timeout(AutoscalingPolicy(interval_seconds=1)) == 1.0
     assert scrape_timeout(AutoscalingPolicy(interval_seconds=3)) == 1.5
