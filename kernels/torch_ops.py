@@ -41,6 +41,9 @@ def _sdpa(q, k, v, scale, mask=None, is_causal=False):
     )
 
 
+DECODE_GROUP = 16  # sequences per length-sorted group in the CPU decode path
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -51,19 +54,48 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence: q [B, Hq, D] -> out [B, Hq, D].
 
-    K/V are gathered once per call with a block-granular index_select (rows stay
-    contiguous), then each KV head's query group runs two batched matmuls on strided
-    views: no repeat of K/V per query head and no transposed copies. On a 2-core CPU this
-    is ~2x faster than gathering with advanced indexing plus a permuted matmul, and ~5x
-    faster than SDPA over repeated heads.
+    Sequences are sorted by length and handled in groups of DECODE_GROUP, each gathered
+    only up to its own longest sequence: padding every sequence to the batch's longest
+    context made the K/V gather (memory traffic) several times larger than the GEMMs.
     """
+    bsz = q.shape[0]
+    if bsz <= DECODE_GROUP:
+        return _decode_group(q, k_cache, v_cache, block_tables[:bsz], seq_lens_host, scale)
+    order = sorted(range(bsz), key=seq_lens_host.__getitem__)
+    out = torch.empty_like(q)
+    for start in range(0, bsz, DECODE_GROUP):
+        rows = order[start : start + DECODE_GROUP]
+        index = torch.tensor(rows, device=q.device)
+        out[index] = _decode_group(
+            q.index_select(0, index),
+            k_cache,
+            v_cache,
+            block_tables.index_select(0, index),
+            [seq_lens_host[r] for r in rows],
+            scale,
+        )
+    return out
+
+
+def _decode_group(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens_host: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """K/V are gathered once with a block-granular index_select (rows stay contiguous),
+    then each KV head's query group runs two batched matmuls on strided views: no K/V
+    repeated per query head and no transposed copies (~2x faster on CPU than advanced
+    indexing plus a permuted matmul, ~5x faster than SDPA over repeated heads)."""
     bsz, hq, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
     max_len = max(seq_lens_host)
     nblocks = (max_len + block_size - 1) // block_size
     width = nblocks * block_size
-    flat_blocks = block_tables[:bsz, :nblocks].reshape(-1).long()
+    flat_blocks = block_tables[:, :nblocks].reshape(-1).long()
     k = k_cache.index_select(0, flat_blocks).view(bsz, width, hkv * d)
     v = v_cache.index_select(0, flat_blocks).view(bsz, width, hkv * d)
     lens = torch.tensor(seq_lens_host, device=q.device)

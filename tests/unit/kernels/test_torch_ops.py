@@ -84,3 +84,16 @@ def test_norms_and_rotary():
     torch_ops.rotary_embedding(positions, q, k, cache)
     reference.assert_close(q, want_q, torch.float32)
     reference.assert_close(k, want_k, torch.float32)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_large_decode_batch_is_grouped_by_length_correctly(block_size):
+    # more decodes than one length group (torch_ops.DECODE_GROUP), lengths spread wide
+    lengths = [(1, 1 + (i * 37) % 400) for i in range(3 * torch_ops.DECODE_GROUP + 5)]
+    batch = make_paged_batch(lengths, num_kv_heads=3, group=3, head_dim=64, block_size=block_size, seed=5)
+    meta = batch.meta
+    got = torch_ops.paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, batch.scale)
+    want = reference.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens_host, meta.query_lens, batch.scale
+    )
+    reference.assert_close(got, want, torch.float32)
