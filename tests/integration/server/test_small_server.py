@@ -159,7 +159,8 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(small_server):
         api = _api(small_server)
         firsts = [asyncio.Event() for _ in range(num)]
         tasks = [asyncio.create_task(stream(api, i, firsts[i])) for i in range(num)]
-        await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 120)
+        # max_num_seqs is small here: the 8 streams start in waves, slowly on a busy machine
+        await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 420)
         small_server.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         async with httpx.AsyncClient(timeout=10) as http:
