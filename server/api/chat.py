@@ -46,9 +46,9 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: HTTPRequest, s
     arrival = time.monotonic()
     state.check_model(req.model)
     params = chat_params(req, state.scheduling_policy)
-    with state.admitted(req.n):
+    with state.admitted(req.n) as reservation:
         prompt = await state.tokenizer.encode_chat(message_dicts(req.messages), req.add_generation_prompt)
-        request_id, gen = await start_generation(state, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl")
+        request_id, gen = await start_generation(state, reservation, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl")
     model = req.model or state.model_name
     logprobs = params.logprobs is not None
     if req.stream:

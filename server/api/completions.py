@@ -76,13 +76,13 @@ async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: Ser
     state.check_model(req.model)
     params = completion_params(req, state.scheduling_policy)
     prompts, are_ids = prompt_batch(req.prompt)
-    with state.admitted(len(prompts) * req.n):
+    with state.admitted(len(prompts) * req.n) as reservation:
         if are_ids:
             token_lists = [list(p) for p in prompts]
         else:
             token_lists = [await state.tokenizer.encode(p) for p in prompts]
         request_id, gen = await start_generation(
-            state, raw, token_lists, params, req.n, req.priority, arrival, "cmpl"
+            state, reservation, raw, token_lists, params, req.n, req.priority, arrival, "cmpl"
         )
     model = req.model or state.model_name
     logprobs = params.logprobs is not None

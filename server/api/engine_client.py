@@ -148,7 +148,7 @@ class EngineClient:
         last step (new arrivals count as waiting until the engine reports otherwise)."""
         return max(0, len(self.streams) - self.stats.num_running)
 
-    async def add(
+    def submit(
         self,
         request_id: str,
         prompt_token_ids: list[int],
@@ -157,19 +157,23 @@ class EngineClient:
         arrival_time: float,
         out: asyncio.Queue,
     ) -> RequestStream:
-        """Submit and wait for the engine to accept; raises APIError if it refuses."""
+        """Register the request (from now on it counts as in flight) and send it to the
+        engine; its `accepted` future resolves when the engine took it."""
         if self.dead is not None:
             raise APIError(503, f"the engine is not running: {self.dead}")
         assert self._loop is not None, "attach() first"
         stream = RequestStream(request_id, len(prompt_token_ids), arrival_time, self._loop, out)
         self.streams[request_id] = stream
         self.inbox.put(AddRequest(request_id, prompt_token_ids, params, priority, arrival_time))
-        try:
-            await stream.accepted
-        except asyncio.CancelledError:
-            self.abort([request_id])
-            raise
         return stream
+
+    async def wait_accepted(self, streams: list[RequestStream]) -> None:
+        """Wait until the engine accepted all; raises APIError if it refused one."""
+        try:
+            await asyncio.gather(*(s.accepted for s in streams))
+        except asyncio.CancelledError:
+            self.abort([s.request_id for s in streams])
+            raise
 
     def abort(self, request_ids: list[str]) -> None:
         """Stop requests (client gone, grace period over); frees their KV blocks."""

@@ -38,7 +38,7 @@ class ServerState:
     scheduling_policy: str
     max_waiting_requests: int | None
     draining: bool = False
-    reserved: int = 0  # engine requests admitted but not yet registered with the engine client
+    reserved: int = 0  # engine requests admitted but not yet registered with the engine client (tokenizing)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -67,19 +67,35 @@ class ServerState:
             raise APIError(503, decision.message, headers={"Retry-After": str(decision.retry_after_s)})
 
     @contextmanager
-    def admitted(self, num_requests: int) -> Iterator[None]:
+    def admitted(self, num_requests: int) -> Iterator[Reservation]:
         """Admit, and count the requests as waiting while they are tokenized: without
         this, a burst would pass admission before any of it reached the engine."""
         self.admit(num_requests)
+        reservation = Reservation(self, num_requests)
         self.reserved += num_requests
         try:
-            yield
+            yield reservation
         finally:
-            self.reserved -= num_requests
+            reservation.release()
 
     @property
     def idle(self) -> bool:
         return self.reserved == 0 and self.engine.num_in_flight == 0
+
+
+@dataclass
+class Reservation:
+    """Admitted engine requests not yet registered with the engine client. Released
+    once they are (from then on the client counts them), so none is counted twice."""
+
+    state: ServerState
+    num_requests: int
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.state.reserved -= self.num_requests
 
 
 @dataclass
@@ -124,6 +140,7 @@ async def _watch_disconnect(raw: HTTPRequest, gen_ids: list[str], q: asyncio.Que
 
 async def start_generation(
     state: ServerState,
+    reservation: Reservation,
     raw: HTTPRequest,
     prompts: list[list[int]],
     params: SamplingParams,
@@ -145,9 +162,11 @@ async def start_generation(
     watcher = asyncio.create_task(_watch_disconnect(raw, ids, q, engine))
     gen = Generation(ids, [len(p) for p in prompts], q, watcher, state)
     try:
-        await asyncio.gather(
-            *(engine.add(rid, prompt, sp, priority, arrival_time, q) for rid, (prompt, sp) in zip(ids, plist, strict=True))
-        )
+        streams = [
+            engine.submit(rid, prompt, sp, priority, arrival_time, q) for rid, (prompt, sp) in zip(ids, plist, strict=True)
+        ]
+        reservation.release()  # the engine client counts them now
+        await engine.wait_accepted(streams)
     except BaseException:
         gen.close()
         raise

@@ -132,11 +132,6 @@ def test_fuzz_generation_endpoints_never_5xx(generation_schema, small_server, mo
     assert 503 not in seen
 
 
-@pytest.mark.xfail(
-    reason="known bug, open in issue 5: after the flood/fuzz tests the API's admission count keeps "
-    "leaked slots ('11 requests are waiting (limit 8)' with an idle engine), so these streams get 503",
-    strict=False,
-)
 def test_sigterm_drains_in_flight_streams_then_exits_0(small_server):
     """Must stay the last test of this module: it stops the server."""
     num = 8
