@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
 from llmservice.server.api.messages import Delta
 from llmservice.server.api.params import chat_params
 from llmservice.server.api.protocol import ChatCompletionRequest
@@ -14,6 +13,7 @@ from llmservice.server.api.serving import (
     ClientDisconnected,
     Generation,
     ServerState,
+    respond,
     sse,
     sse_error,
     start_generation,
@@ -49,19 +49,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: HTTPRequest, s
     with state.admitted(req.n) as reservation:
         prompt = await state.tokenizer.encode_chat(message_dicts(req.messages), req.add_generation_prompt)
         request_id, gen = await start_generation(state, reservation, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl")
-    model = req.model or state.model_name
-    logprobs = params.logprobs is not None
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(
-            _stream(gen, request_id, model, state.tokenizer, logprobs, include_usage), media_type="text/event-stream"
-        )
-    try:
-        return JSONResponse(await _collect(gen, request_id, model, state.tokenizer, logprobs))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
-    finally:
-        gen.close()
+    return await respond(req, request_id, gen, state, params.logprobs is not None, _stream, _collect)
 
 
 async def _collect(gen: Generation, request_id: str, model: str, tok: TokenizerService, logprobs: bool) -> dict:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from fastapi.responses import JSONResponse, StreamingResponse
 from llmservice.server.api.backpressure import admission_decision
 from llmservice.server.api.engine_client import EngineClient, EngineDeadError
 from llmservice.server.api.errors import APIError, error_body
@@ -171,6 +172,23 @@ async def start_generation(
         gen.close()
         raise
     return request_id, gen
+
+
+async def respond(req, request_id: str, gen: Generation, state: ServerState, logprobs: bool, stream, collect):
+    """The endpoint's answer: an SSE stream (`stream(...)` yields its events) or one JSON
+    body (`await collect(...)`); either way the generation is closed when it ends."""
+    model = req.model or state.model_name
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(
+            stream(gen, request_id, model, state.tokenizer, logprobs, include_usage), media_type="text/event-stream"
+        )
+    try:
+        return JSONResponse(await collect(gen, request_id, model, state.tokenizer, logprobs))
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    finally:
+        gen.close()
 
 
 def sse(data: dict | str) -> str:
