@@ -50,7 +50,7 @@ def _step(path: str, monkeypatch, dtype=torch.float32):
     return ops.paged_attention(q, batch.k_cache, batch.v_cache, meta, batch.scale), (q, batch, meta)
 
 
-def test_forced_triton_matches_torch_and_reference(monkeypatch):
+def test_forced_triton_matches_torch_and_reference(monkeypatch, reference_attention):
     calls = []
     for module, name in (
         (triton_decode, "paged_decode_attention"),
@@ -63,18 +63,10 @@ def test_forced_triton_matches_torch_and_reference(monkeypatch):
 
     via_torch, _ = _step("torch", monkeypatch)
     assert calls == []
-    via_triton, (q, batch, meta) = _step("triton", monkeypatch)
+    via_triton, (q, batch, _) = _step("triton", monkeypatch)
     assert calls == ["paged_decode_attention", "paged_prefill_attention"]
 
-    want = reference.paged_attention(
-        q,
-        batch.k_cache,
-        batch.v_cache,
-        meta.block_tables,
-        meta.seq_lens_host,
-        meta.query_lens,
-        batch.scale,
-    )
+    want = reference_attention(batch, q)
     reference.assert_close(via_triton, want, torch.float32)
     reference.assert_close(via_torch, want, torch.float32)
 

@@ -10,26 +10,18 @@ MIXED = [(1, 1), (1, 129), (1, 1000), (7, 7), (20, 129), (5, 300)]
 
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
 @pytest.mark.parametrize("group", [1, 3, 8])
-def test_paged_attention_mixed_batch(block_size, group):
+def test_paged_attention_mixed_batch(block_size, group, reference_attention):
     batch = make_paged_batch(
         MIXED, num_kv_heads=2, group=group, head_dim=64, block_size=block_size, seed=group
     )
     meta = batch.meta
     got = torch_ops.paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, batch.scale)
-    want = reference.paged_attention(
-        batch.q,
-        batch.k_cache,
-        batch.v_cache,
-        meta.block_tables,
-        meta.seq_lens_host,
-        meta.query_lens,
-        batch.scale,
-    )
+    want = reference_attention(batch)
     reference.assert_close(got, want, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_paged_attention_half_precision(dtype):
+def test_paged_attention_half_precision(dtype, reference_attention):
     batch = make_paged_batch(
         [(1, 40), (9, 9), (4, 70)],
         num_kv_heads=1,
@@ -40,15 +32,7 @@ def test_paged_attention_half_precision(dtype):
     )
     meta = batch.meta
     got = torch_ops.paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, batch.scale)
-    want = reference.paged_attention(
-        batch.q,
-        batch.k_cache,
-        batch.v_cache,
-        meta.block_tables,
-        meta.seq_lens_host,
-        meta.query_lens,
-        batch.scale,
-    )
+    want = reference_attention(batch)
     reference.assert_close(got, want, dtype)
 
 
@@ -87,13 +71,11 @@ def test_norms_and_rotary():
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
-def test_large_decode_batch_is_grouped_by_length_correctly(block_size):
+def test_large_decode_batch_is_grouped_by_length_correctly(block_size, reference_attention):
     # more decodes than one length group (torch_ops.DECODE_GROUP), lengths spread wide
     lengths = [(1, 1 + (i * 37) % 400) for i in range(3 * torch_ops.DECODE_GROUP + 5)]
     batch = make_paged_batch(lengths, num_kv_heads=3, group=3, head_dim=64, block_size=block_size, seed=5)
     meta = batch.meta
     got = torch_ops.paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, batch.scale)
-    want = reference.paged_attention(
-        batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens_host, meta.query_lens, batch.scale
-    )
+    want = reference_attention(batch)
     reference.assert_close(got, want, torch.float32)

@@ -8,99 +8,71 @@ prefix-cache hits produce. The kernel must write exactly the prefill rows.
 import pytest
 import torch
 from llmservice.kernels import reference
-from llmservice.kernels.random_batch import make_paged_batch
 from llmservice.kernels.triton_prefill import paged_prefill_attention
 
 # (query_len, seq_len): two decodes, a fresh odd-length prompt, chunks over cached prefixes
 MIXED = [(1, 1), (1, 129), (7, 7), (20, 129), (5, 1000)]
 
 
-def run_prefill(
-    seqs,
-    *,
-    block_size=16,
-    num_kv_heads=2,
-    group=3,
-    head_dim=64,
-    dtype=torch.float32,
-    block_m=None,
-    block_n=None,
-    device="cpu",
-    seed=0,
-):
-    batch = make_paged_batch(
-        seqs,
-        num_kv_heads=num_kv_heads,
-        group=group,
-        head_dim=head_dim,
-        block_size=block_size,
-        dtype=dtype,
-        device=device,
-        seed=seed,
-    )
-    meta = batch.meta
-    nd = meta.num_decodes
-    out = torch.full_like(batch.q, float("nan"))
-    paged_prefill_attention(
-        batch.q,
-        batch.k_cache,
-        batch.v_cache,
-        meta.block_tables,
-        meta.seq_lens,
-        meta.query_start_loc,
-        batch.scale,
-        max_query_len=max(meta.query_lens[nd:]),
-        first_seq=nd,
-        out=out,
-        block_m=block_m,
-        block_n=block_n,
-    )
-    ref = reference.paged_attention(
-        batch.q,
-        batch.k_cache,
-        batch.v_cache,
-        meta.block_tables,
-        meta.seq_lens_host,
-        meta.query_lens,
-        batch.scale,
-    )
-    assert torch.isnan(out[:nd]).all(), "decode rows belong to the decode kernel"
-    reference.assert_close(out[nd:], ref[nd:], dtype)
+@pytest.fixture
+def run_prefill(paged_batch, reference_attention):
+    """Attend the prefill chunks of `seqs` and compare with the fp64 reference."""
+
+    def run(seqs, *, block_m=None, block_n=None, **shape):
+        batch = paged_batch(seqs, **shape)
+        meta = batch.meta
+        nd = meta.num_decodes
+        out = torch.full_like(batch.q, float("nan"))
+        paged_prefill_attention(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            batch.scale,
+            max_query_len=max(meta.query_lens[nd:]),
+            first_seq=nd,
+            out=out,
+            block_m=block_m,
+            block_n=block_n,
+        )
+        ref = reference_attention(batch)
+        assert torch.isnan(out[:nd]).all(), "decode rows belong to the decode kernel"
+        reference.assert_close(out[nd:], ref[nd:], batch.q.dtype)
+
+    return run
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
-def test_mixed_batch_every_block_size(block_size, device):
-    run_prefill(MIXED, block_size=block_size, device=device, seed=block_size)
+def test_mixed_batch_every_block_size(block_size, run_prefill):
+    run_prefill(MIXED, block_size=block_size, seed=block_size)
 
 
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gqa_ratios_and_head_dims(group, head_dim, device):
-    run_prefill(
-        [(1, 7), (9, 9), (3, 40)], group=group, num_kv_heads=1, head_dim=head_dim, device=device
-    )
+def test_gqa_ratios_and_head_dims(group, head_dim, run_prefill):
+    run_prefill([(1, 7), (9, 9), (3, 40)], group=group, num_kv_heads=1, head_dim=head_dim)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_inputs(dtype, device):
-    run_prefill([(1, 33), (17, 17), (6, 70)], dtype=dtype, device=device)
+def test_half_precision_inputs(dtype, run_prefill):
+    run_prefill([(1, 33), (17, 17), (6, 70)], dtype=dtype)
 
 
-def test_small_tiles_cross_the_causal_diagonal(device):
+def test_small_tiles_cross_the_causal_diagonal(run_prefill):
     # 16x16 tiles: many query tiles per chunk, prefix lengths that are not tile multiples,
     # so unmasked tiles, diagonal tiles and skipped tiles all occur
-    run_prefill([(1, 100), (37, 37), (45, 61), (16, 16)], block_m=16, block_n=16, device=device)
+    run_prefill([(1, 100), (37, 37), (45, 61), (16, 16)], block_m=16, block_n=16)
 
 
-def test_tile_size_not_a_multiple_of_block_size(device):
-    run_prefill([(23, 71), (40, 40)], block_size=32, block_m=16, block_n=16, device=device)
-    run_prefill([(23, 71), (40, 40)], block_size=8, block_m=32, block_n=32, device=device)
+def test_tile_size_not_a_multiple_of_block_size(run_prefill):
+    run_prefill([(23, 71), (40, 40)], block_size=32, block_m=16, block_n=16)
+    run_prefill([(23, 71), (40, 40)], block_size=8, block_m=32, block_n=32)
 
 
-def test_only_decodes_writes_nothing(device):
-    batch = make_paged_batch(
-        [(1, 5)], num_kv_heads=1, group=1, head_dim=64, block_size=8, device=device
-    )
+def test_only_decodes_writes_nothing(paged_batch):
+    batch = paged_batch([(1, 5)], num_kv_heads=1, group=1, head_dim=64, block_size=8)
     out = torch.full_like(batch.q, float("nan"))
     meta = batch.meta
     paged_prefill_attention(
@@ -115,7 +87,7 @@ def test_only_decodes_writes_nothing(device):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
-def test_full_sweep(block_size, group, head_dim, dtype, device):
+def test_full_sweep(block_size, group, head_dim, dtype, run_prefill):
     run_prefill(
         MIXED + [(129, 129)],
         block_size=block_size,
@@ -123,14 +95,13 @@ def test_full_sweep(block_size, group, head_dim, dtype, device):
         group=group,
         head_dim=head_dim,
         dtype=dtype,
-        device=device,
         seed=block_size * group + head_dim,
     )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_long_fresh_prompts(dtype, device):
+def test_long_fresh_prompts(dtype, run_prefill):
     run_prefill(
         [(1, 1000), (1000, 1000), (3, 1000)],
         block_size=16,
@@ -138,5 +109,4 @@ def test_long_fresh_prompts(dtype, device):
         group=8,
         head_dim=128,
         dtype=dtype,
-        device=device,
     )
