@@ -46,6 +46,9 @@ class Trace:
     token_times: dict[str, list[float]] = field(default_factory=dict)
     max_running: int = 0
     running_samples: list[int] = field(default_factory=list)
+    # (step seconds, running) for steps that left requests waiting: demand exceeded
+    # what the KV pool admitted, so `running` there measures capacity, not demand
+    saturated_steps: list[tuple[float, int]] = field(default_factory=list)
     elapsed: float = 0.0
     output_tokens: int = 0
 
@@ -76,10 +79,13 @@ def drive(eng: LLMEngine, schedule: list[tuple[float, list[int], SamplingParams]
         if not eng.has_unfinished_requests():
             time.sleep(min(0.01, max(0.0, pending[i][0] - now)))
             continue
+        started = time.perf_counter()
         outs = eng.step()
         stamp = time.perf_counter()
         trace.max_running = max(trace.max_running, eng.num_running)
         trace.running_samples.append(eng.num_running)
+        if eng.num_waiting:
+            trace.saturated_steps.append((stamp - started, eng.num_running))
         for out in outs:
             trace.token_times[out.request_id].append(stamp)
             trace.output_tokens += 1
@@ -97,6 +103,12 @@ def pct(values: list[float], q: float) -> float:
     return values[k]
 
 
+def saturated_mean_running(trace: Trace) -> float:
+    """Time-weighted mean of running requests over the steps where others were waiting."""
+    total = sum(d for d, _ in trace.saturated_steps)
+    return sum(d * n for d, n in trace.saturated_steps) / total if total else 0.0
+
+
 def summary(trace: Trace) -> dict:
     return {
         "elapsed_s": trace.elapsed,
@@ -104,6 +116,7 @@ def summary(trace: Trace) -> dict:
         "output_tok_per_s": trace.output_tokens / trace.elapsed if trace.elapsed else 0.0,
         "max_running": trace.max_running,
         "mean_running": statistics.fmean(trace.running_samples) if trace.running_samples else 0.0,
+        "saturated_mean_running": saturated_mean_running(trace),
         "ttft_p50_s": pct(trace.ttft(), 50),
         "ttft_p99_s": pct(trace.ttft(), 99),
         "itl_p50_s": pct(trace.itl(), 50),
