@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def start_llama(gguf: Path, port: int, args: argparse.Namespace, log: Path) -> s
            "--port", str(port), "--n_ctx", str(args.max_model_len)]
     if args.threads:
         cmd += ["--n_threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    # Not from the repository root: `python -m` puts the working directory on sys.path,
+    # where our top-level operator/ folder would shadow the standard library's `operator`.
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     wait_http(f"http://127.0.0.1:{port}/v1/models", proc)
     return proc
 
