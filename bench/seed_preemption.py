@@ -21,7 +21,9 @@ import common  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--long-prompt", type=int, default=2000)
-    ap.add_argument("--long-requests", type=int, default=6)
+    ap.add_argument("--long-requests", type=int, default=8)
+    ap.add_argument("--long-kv-requests", type=float, default=1.5,
+                    help="KV pool for the long-prompt workload, in long requests' worth of tokens")
     ap.add_argument("--short-requests", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", choices=["long_prompts", "short_prompts_long_outputs"], default=None,
@@ -31,10 +33,12 @@ def main() -> None:
     rng = random.Random(0)
     workloads = {
         "long_prompts": (
-            [([rng.randrange(200, 40000) for _ in range(args.long_prompt + rng.randint(0, 200))], 48)
+            [([rng.randrange(200, 40000) for _ in range(args.long_prompt + rng.randint(0, 200))], 64)
              for _ in range(args.long_requests)],
-            # KV for ~2.5 long requests: most of them get preempted while decoding
-            int(2.5 * (args.long_prompt + 300)),
+            # Demand far beyond the pool, as in the seed's case (>100 concurrent 12k-token
+            # requests on one GPU): KV for 1.5 of the 8 requests. Every block a decoding
+            # request needs preempts a partly prefilled newer one.
+            int(args.long_kv_requests * (args.long_prompt + 300)),
             args.long_prompt + 512,
         ),
         "short_prompts_long_outputs": (
