@@ -23,6 +23,16 @@ def _api(server) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
 
 
+def wait_until_engine_idle(server, timeout_s: float) -> dict[str, float]:
+    """Poll /metrics until nothing runs or waits (or the timeout); the last sample."""
+    deadline = time.monotonic() + timeout_s
+    sample = server.metrics()
+    while sample["vllm:num_requests_running"] + sample["vllm:num_requests_waiting"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        sample = server.metrics()
+    return sample
+
+
 def test_chat_max_tokens_defaults_to_rest_of_context(small_server):
     messages = [{"role": "user", "content": "Hi"}]
     prompt_len = httpx.post(small_server.url + "/tokenize", json={"messages": messages}).json()["count"]
@@ -92,11 +102,7 @@ def test_overload_gets_503_with_retry_after_and_memory_stays_bounded(small_serve
             assert int(headers["retry-after"]) >= 1
             assert "overloaded" in payload["error"]["message"]
     assert rss_after - rss_before < 64 * 2**20, (rss_before, rss_after)
-    idle = small_server.metrics()
-    deadline = time.monotonic() + 30
-    while idle["vllm:num_requests_running"] + idle["vllm:num_requests_waiting"] > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        idle = small_server.metrics()
+    idle = wait_until_engine_idle(small_server, 30)
     assert idle["vllm:kv_cache_usage_perc"] == 0.0  # every held-open stream was aborted on close
     # n beyond the bound can never be admitted: a 400, not a 503
     r = httpx.post(small_server.base_url + "/completions", json={**body, "stream": False, "n": 9})
@@ -136,11 +142,7 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(small_server):
     """Must stay the last test of this module: it stops the server."""
     num = 8
     # Start from an idle engine: fuzzed requests whose clients timed out may still be finishing.
-    deadline = time.monotonic() + 180
-    idle = small_server.metrics()
-    while idle["vllm:num_requests_running"] + idle["vllm:num_requests_waiting"] > 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
-        idle = small_server.metrics()
+    wait_until_engine_idle(small_server, 180)
 
     async def stream(api, i, first: asyncio.Event) -> tuple[int, str | None]:
         s = await api.completions.create(
