@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 from llmservice.server.config import EngineConfig
-from llmservice.server.engine.engine import LLMEngine
+from llmservice.server.engine.engine import LLMEngine, resolve_device, resolve_dtype
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.model.loader import load_model
 
@@ -20,17 +21,54 @@ RESULTS = Path(__file__).parent / "results"
 _LOADED = None
 
 
-def setup(threads: int | None = None):
-    global _LOADED
+@dataclass
+class ModelChoice:
+    """Which model the benchmark engines run, and where (set from --model/--device/...)."""
+
+    model: str = "builtin:smollm2-135m"
+    load_format: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+CHOICE = ModelChoice()
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """--model/--load-format/--device/--dtype/--out: the GPU runs use an 8B-shaped dummy model."""
+    ap.add_argument("--model", default=CHOICE.model, help="builtin:NAME, a .gguf file or an HF directory")
+    ap.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                    help="dummy: random weights of the model's shape (config + tokenizer only)")
+    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    ap.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
+    ap.add_argument("--out", default=None, help="results folder (default bench/results)")
+
+
+def setup(threads: int | None = None, args: argparse.Namespace | None = None):
+    global _LOADED, RESULTS
+    if args is not None and hasattr(args, "model"):
+        CHOICE.model, CHOICE.load_format = args.model, args.load_format
+        CHOICE.device, CHOICE.dtype = args.device, args.dtype
+        if args.out:
+            RESULTS = Path(args.out)
     if threads:
         torch.set_num_threads(threads)
     if _LOADED is None:
-        _LOADED = load_model("builtin:smollm2-135m", torch.float32)
+        device = resolve_device(CHOICE.device)
+        dtype = torch.float32 if device.type == "cpu" else resolve_dtype(CHOICE.dtype, device)
+        _LOADED = load_model(CHOICE.model, dtype, load_format=CHOICE.load_format, device=device)
     return _LOADED
+
+
+def on_gpu() -> bool:
+    return resolve_device(CHOICE.device).type == "cuda"
 
 
 def engine(**overrides) -> LLMEngine:
     overrides.setdefault("max_model_len", 4096)
+    overrides.setdefault("device", CHOICE.device)
+    overrides.setdefault("dtype", CHOICE.dtype)
+    overrides.setdefault("model", CHOICE.model)
     return LLMEngine(EngineConfig(**overrides), loaded=setup())
 
 
@@ -129,7 +167,12 @@ def summary(trace: Trace) -> dict:
 
 def write(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result.setdefault("machine", {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()})
+    machine = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if on_gpu():
+        machine |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+        name = f"gpu-{name}"
+    machine |= {"model": CHOICE.model, "load_format": CHOICE.load_format}
+    result.setdefault("machine", machine)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, default=float))
     print(f"wrote {path}")
@@ -152,7 +195,7 @@ def bar_plot(name: str, title: str, panels: dict[str, dict[str, float]]) -> Path
             ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=8)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    path = RESULTS / f"{name}.png"
+    path = RESULTS / f"{'gpu-' if on_gpu() else ''}{name}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -5,6 +5,9 @@ matmul rate on the model's own GEMM shapes and reports the engine's achieved mod
 FLOP/s in decode steps at batch >= 64 as a fraction of it.
 
     .venv/bin/python bench/offline_throughput.py [--num-requests 256] [--threads N]
+
+On a GPU (scripts/gpu_session.sh): --device cuda --load-format dummy --model DIR runs an
+8B-shaped model with random weights; HF then gets the very same weights (same names).
 """
 
 from __future__ import annotations
@@ -44,24 +47,32 @@ def model_flops_per_token(cfg, context_len: int) -> float:
     return gemm + attn
 
 
-def raw_matmul_rate(cfg, m: int, repeats: int = 3) -> float:
-    """FLOP/s of plain torch fp32 matmuls over the model's GEMM shapes at batch m."""
+def raw_matmul_rate(cfg, m: int, repeats: int = 3, device: str = "cpu", dtype=torch.float32) -> float:
+    """FLOP/s of plain torch matmuls over the model's GEMM shapes at batch m."""
     shapes = gemm_shapes(cfg)
-    mats = {s: torch.randn(s[1], s[0]) for s in set(shapes)}
-    x = {s: torch.randn(m, s[0]) for s in set(shapes)}
+    mats = {s: torch.randn(s[1], s[0], device=device, dtype=dtype) for s in set(shapes)}
+    x = {s: torch.randn(m, s[0], device=device, dtype=dtype) for s in set(shapes)}
     flops = sum(2 * m * a * b for a, b in shapes)
     best = float("inf")
-    for _ in range(repeats):
+    for _ in range(repeats + (2 if device != "cpu" else 0)):
+        _sync(device)
         t0 = time.perf_counter()
         for s in shapes:
             torch.nn.functional.linear(x[s], mats[s])
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return flops / best
 
 
-def run_engine(loaded, workload, max_num_seqs: int) -> dict:
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def run_engine(loaded, workload, max_num_seqs: int, device: str = "cpu", kv_gib: float = 2.0) -> dict:
     engine = LLMEngine(
-        EngineConfig(max_model_len=1024, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, kv_cache_memory_gib=2.0),
+        EngineConfig(max_model_len=1024, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
+                     kv_cache_memory_gib=kv_gib, device=device),
         loaded=loaded,
     )
     for prompt, out_len in workload:
@@ -80,7 +91,28 @@ def run_engine(loaded, workload, max_num_seqs: int) -> dict:
     return {"elapsed_s": elapsed, "output_tokens": generated, "output_tok_per_s": generated / elapsed, "decode_steps": decode_steps}
 
 
-def run_hf(model, workload, batch_size: int) -> dict:
+def hf_model(loaded, device: str, dtype: torch.dtype, from_weights: bool):
+    """HF's model: read from the GGUF on CPU, or (dummy/GPU runs) built from our weights."""
+    import transformers
+
+    if not from_weights:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(loaded.path.parent), gguf_file=loaded.path.name, dtype=torch.float32
+        ).eval()
+    cfg = transformers.AutoConfig.from_pretrained(str(loaded.path))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    missing, unexpected = model.load_state_dict(loaded.weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return model.to(dtype).eval()
+
+
+def run_hf(model, workload, batch_size: int, device: str = "cpu") -> dict:
     useful = 0
     t0 = time.perf_counter()
     for start in range(0, len(workload), batch_size):
@@ -94,10 +126,11 @@ def run_hf(model, workload, batch_size: int) -> dict:
         max_new = max(o for _, o in batch)
         with torch.no_grad():
             model.generate(
-                ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new, min_new_tokens=max_new,
                 do_sample=False, pad_token_id=2, eos_token_id=None,
             )
         useful += sum(o for _, o in batch)  # tokens the requests asked for; the rest is static-batch waste
+    _sync(device)
     elapsed = time.perf_counter() - t0
     return {"elapsed_s": elapsed, "requests": len(workload), "output_tokens": useful, "output_tok_per_s": useful / elapsed}
 
@@ -106,17 +139,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-requests", type=int, default=256)
     ap.add_argument("--hf-requests", type=int, default=128, help="HF runs on the first N requests (same distribution)")
+    ap.add_argument("--hf-batches", type=int, nargs="+", default=[16, 64], help="HF static batch sizes to run")
     ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--model", default="builtin:smollm2-135m")
+    ap.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model("builtin:smollm2-135m", torch.float32)
+    gpu = args.device != "cpu"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    loaded = load_model(args.model, dtype, load_format=args.load_format, device=args.device)
     cfg = loaded.config
     workload = sharegpt_like(args.num_requests, seed=0)
+    machine = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+    if gpu:
+        machine |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     result: dict = {
-        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "machine": machine,
+        "model": {"ref": args.model, "load_format": args.load_format, "name": cfg.name, "dtype": str(dtype),
+                  "layers": cfg.num_layers, "hidden": cfg.hidden_size},
         "workload": {
             "num_requests": len(workload),
             "mean_prompt_tokens": statistics.fmean(len(p) for p, _ in workload),
@@ -124,42 +170,43 @@ def main() -> None:
             "distribution": "bench/workloads.py sharegpt_like(seed=0)",
         },
     }
-    rate64 = raw_matmul_rate(cfg, 64)
-    rate128 = raw_matmul_rate(cfg, 128)
-    print(f"raw fp32 matmul rate on model GEMMs: {rate64 / 1e9:.1f} GFLOP/s (M=64), {rate128 / 1e9:.1f} (M=128)")
+    rate64 = raw_matmul_rate(cfg, 64, device=args.device, dtype=dtype)
+    rate128 = raw_matmul_rate(cfg, 128, device=args.device, dtype=dtype)
+    print(f"raw {dtype} matmul rate on model GEMMs: {rate64 / 1e9:.1f} GFLOP/s (M=64), {rate128 / 1e9:.1f} (M=128)")
 
-    ours = run_engine(loaded, workload, args.max_num_seqs)
+    ours = run_engine(loaded, workload, args.max_num_seqs, args.device, args.kv_cache_memory_gib)
     steps = ours.pop("decode_steps")
     step_rates = [n * model_flops_per_token(cfg, ctx) / dt for n, dt, ctx in steps]
     mean_batch = statistics.fmean(n for n, _, _ in steps) if steps else 0
     raw = rate128 if mean_batch >= 96 else rate64
     ours["decode_steps_batch_ge_64"] = len(steps)
     ours["decode_mean_batch"] = mean_batch
+    ours["decode_step_ms_median"] = statistics.median(dt for _, dt, _ in steps) * 1e3 if steps else 0.0
     ours["decode_model_flops_per_s_median"] = statistics.median(step_rates) if step_rates else 0.0
     ours["decode_fraction_of_raw_matmul"] = ours["decode_model_flops_per_s_median"] / raw if step_rates else 0.0
     print(f"engine: {ours['output_tok_per_s']:.1f} output tok/s; decode at batch~{mean_batch:.0f}: "
           f"{ours['decode_model_flops_per_s_median'] / 1e9:.1f} GFLOP/s = {ours['decode_fraction_of_raw_matmul']:.0%} of raw matmul")
     result["engine"] = ours
     result["raw_matmul_flops_per_s"] = {"m64": rate64, "m128": rate128}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{'gpu-' if gpu else ''}offline_throughput.json"
+    path.write_text(json.dumps(result, indent=2))  # now, and again with HF: a cut-short run keeps ours
 
     if not args.skip_hf:
-        import transformers
-
-        hf = transformers.AutoModelForCausalLM.from_pretrained(
-            str(loaded.path.parent), gguf_file=loaded.path.name, dtype=torch.float32
-        ).eval()
+        hf = hf_model(loaded, args.device, dtype, from_weights=gpu or args.load_format == "dummy")
         subset = workload[: args.hf_requests]
         result["hf"] = {}
-        for bsz in (16, 64):
-            r = run_hf(hf, subset, bsz)
+        for bsz in args.hf_batches:
+            r = run_hf(hf, subset, bsz, args.device)
             result["hf"][f"batch{bsz}"] = r
             print(f"HF static batch {bsz}: {r['output_tok_per_s']:.1f} useful output tok/s")
-        best = max(v["output_tok_per_s"] for v in result["hf"].values())
-        result["ratio_vs_best_hf"] = ours["output_tok_per_s"] / best
+            best = max(v["output_tok_per_s"] for v in result["hf"].values())
+            result["ratio_vs_best_hf"] = ours["output_tok_per_s"] / best
+            path.write_text(json.dumps(result, indent=2))
         print(f"ratio engine / best HF: {result['ratio_vs_best_hf']:.2f}x")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "offline_throughput.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {RESULTS / 'offline_throughput.json'}")
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ Two workloads: long prompts (RAG-like) with short answers, and short prompts wit
 answers. p99 request latency and throughput per mode; `auto` should match the better
 of the two in each.
     .venv/bin/python bench/seed_preemption.py [--long-prompt 2000]
+
+On a GPU (scripts/gpu_session.sh) the same workloads run on an 8B-shaped model with
+random weights (--load-format dummy): swap's advantage is a ratio of prefill FLOPs to KV
+bytes, so it needs a model of realistic size, not the embedded 135M one.
 """
 
 from __future__ import annotations
@@ -25,51 +29,60 @@ def main() -> None:
     ap.add_argument("--long-kv-requests", type=float, default=1.5,
                     help="KV pool for the long-prompt workload, in long requests' worth of tokens")
     ap.add_argument("--short-requests", type=int, default=16)
+    ap.add_argument("--short-output", type=int, default=200)
+    ap.add_argument("--long-output", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--swap-space", type=float, default=2.0, help="GiB of CPU swap pool")
     ap.add_argument("--threads", type=int, default=None)
+    common.add_model_args(ap)
     ap.add_argument("--only", choices=["long_prompts", "short_prompts_long_outputs"], default=None,
                     help="run one workload and merge into the existing JSON")
     args = ap.parse_args()
-    common.setup(args.threads)
+    common.setup(args.threads, args)
     rng = random.Random(0)
     workloads = {
         "long_prompts": (
-            [([rng.randrange(200, 40000) for _ in range(args.long_prompt + rng.randint(0, 200))], 64)
+            [([rng.randrange(200, 40000) for _ in range(args.long_prompt + rng.randint(0, 200))], args.long_output)
              for _ in range(args.long_requests)],
             # Demand far beyond the pool, as in the seed's case (>100 concurrent 12k-token
             # requests on one GPU): KV for 1.5 of the 8 requests. Every block a decoding
             # request needs preempts a partly prefilled newer one.
-            int(args.long_kv_requests * (args.long_prompt + 300)),
+            int(args.long_kv_requests * (args.long_prompt + 236 + args.long_output)),
             args.long_prompt + 512,
         ),
         "short_prompts_long_outputs": (
-            [([rng.randrange(200, 40000) for _ in range(rng.randint(20, 60))], 200) for _ in range(args.short_requests)],
-            int(0.4 * args.short_requests * 260),
-            512,
+            [([rng.randrange(200, 40000) for _ in range(rng.randint(20, 60))], args.short_output)
+             for _ in range(args.short_requests)],
+            short_kv := int(0.4 * args.short_requests * (60 + args.short_output)),
+            min(max(512, 64 + args.short_output), short_kv),
         ),
     }
     if args.only:
         workloads = {args.only: workloads[args.only]}
-    path = common.RESULTS / "seed_preemption.json"
+    path = common.RESULTS / f"{'gpu-' if common.on_gpu() else ''}seed_preemption.json"
     results = json.loads(path.read_text()) if args.only and path.exists() else {}
     for name, (work, kv_tokens, max_model_len) in workloads.items():
         results[name] = {}
         for mode in ("recompute", "swap", "auto"):
-            eng = common.engine(preemption_mode=mode, swap_space=2.0, num_gpu_blocks_override=kv_tokens // 16,
-                                max_model_len=max_model_len,
-                                max_num_batched_tokens=512, enable_prefix_caching=False)
+            eng = common.engine(preemption_mode=mode, swap_space=args.swap_space,
+                                num_gpu_blocks_override=kv_tokens // 16, max_model_len=max_model_len,
+                                max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False)
             trace = common.drive(eng, [(0.0, p, common.greedy(o)) for p, o in work])
             s = eng.scheduler.stats
             results[name][mode] = {**common.summary(trace), "preemptions": s.num_preemptions, "swap_outs": s.num_swap_outs,
                                    "cost_model": vars(eng.preemption_costs) if mode == "auto" else None}
             r = results[name][mode]
             print(f"{name} {mode:>9}: p99 latency {r['latency_p99_s']:.1f} s, {r['output_tok_per_s']:.1f} tok/s, "
-                  f"{r['preemptions']} preemptions, {r['swap_outs']} swaps")
+                  f"{r['preemptions']} preemptions, {r['swap_outs']} swaps", flush=True)
+            common.write("seed_preemption", results)  # after each run: a cut-short GPU session keeps what it did
         res = results[name]
         better = min(("recompute", "swap"), key=lambda m: res[m]["latency_p99_s"])
         res["better_mode"] = better
         res["auto_within_10pct_of_better"] = res["auto"]["latency_p99_s"] <= 1.1 * res[better]["latency_p99_s"]
         res["p99_recompute_over_swap"] = res["recompute"]["latency_p99_s"] / res["swap"]["latency_p99_s"]
-    common.write("seed_preemption", results)
+        res["workload"] = {"requests": len(work), "kv_tokens": kv_tokens, "max_model_len": max_model_len,
+                           "max_num_batched_tokens": args.max_num_batched_tokens, "swap_space_gib": args.swap_space}
+        common.write("seed_preemption", results)
     panels = {}
     for name in results:
         if name == "machine":

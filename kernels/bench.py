@@ -563,33 +563,10 @@ def embedded_model(layers: int | None):
             reason = f"{type(exc).__name__}: {exc}"
     else:
         reason = f"smoke run, {layers} layer(s)"
+    from llmservice.server.model.dummy import dummy_weights
+
     config = _smollm2_config(layers)
-    return config, random_llama_weights(config), f"random weights, SmolLM2-135M shape ({reason})"
-
-
-def random_llama_weights(config) -> dict[str, torch.Tensor]:
-    h, i = config.hidden_size, config.intermediate_size
-    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    gen = torch.Generator().manual_seed(0)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen) * 0.02
-
-    w = {"model.embed_tokens.weight": rnd(config.vocab_size, h), "model.norm.weight": torch.ones(h)}
-    for n in range(config.num_layers):
-        p = f"model.layers.{n}."
-        w |= {
-            p + "self_attn.q_proj.weight": rnd(q, h),
-            p + "self_attn.k_proj.weight": rnd(kv, h),
-            p + "self_attn.v_proj.weight": rnd(kv, h),
-            p + "self_attn.o_proj.weight": rnd(h, q),
-            p + "mlp.gate_proj.weight": rnd(i, h),
-            p + "mlp.up_proj.weight": rnd(i, h),
-            p + "mlp.down_proj.weight": rnd(h, i),
-            p + "input_layernorm.weight": torch.ones(h),
-            p + "post_attention_layernorm.weight": torch.ones(h),
-        }
-    return w
+    return config, dummy_weights(config, torch.float32), f"random weights, SmolLM2-135M shape ({reason})"
 
 
 # ---------------------------------------------------------------- report
@@ -711,6 +688,8 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke", action="store_true", help="tiny CPU run through the Triton interpreter"
     )
     parser.add_argument("--out", help="output folder (default: $OUT, else bench/results/)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds for the decode/prefill sweeps (default: the plan's; larger cases are skipped)")
     args = parser.parse_args(argv)
     if args.smoke:
         device = torch.device("cpu")
@@ -721,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         device = torch.device("cuda")
         plan = Plan.full()
+    if args.budget_s is not None:
+        plan.budget_s = args.budget_s
     report = run(plan, device)
     out_dir = output_dir(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

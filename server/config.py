@@ -8,6 +8,7 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "dummy")  # dummy: random weights of the model's shape (benchmarks)
 
 
 class ConfigError(ValueError):
@@ -20,6 +21,7 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "auto"
     device: str = "auto"
+    load_format: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
@@ -51,6 +53,8 @@ class EngineConfig:
             )
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} is not one of {list(DTYPES)}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"--load-format {self.load_format!r} is not one of {list(LOAD_FORMATS)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"--gpu-memory-utilization {self.gpu_memory_utilization} must be in (0, 1]"

@@ -17,6 +17,7 @@ from pathlib import Path
 from llmservice.server.config import (
     BLOCK_SIZES,
     DTYPES,
+    LOAD_FORMATS,
     PREEMPTION_MODES,
     SCHEDULING_POLICIES,
     ConfigError,
@@ -38,6 +39,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="name(s) clients use in `model`; the first is reported (default: the model reference)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                   help="dummy: random weights of the model's shape, for benchmarks (needs only config + tokenizer)")
     p.add_argument("--block-size", type=int, choices=BLOCK_SIZES, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -90,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         served_model_name=args.served_model_name[0] if args.served_model_name else None,
         dtype=args.dtype,
         device=args.device,
+        load_format=args.load_format,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -72,7 +72,10 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         t0 = time.perf_counter()
         if loaded is None:
-            loaded = load_model(config.model, torch.float32 if self.device.type == "cpu" else self.dtype, progress)
+            loaded = load_model(
+                config.model, torch.float32 if self.device.type == "cpu" else self.dtype, progress,
+                load_format=config.load_format, device=self.device,
+            )
         self.model_config = loaded.config
         self.tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
         config.resolve_lengths(loaded.config.max_position_embeddings)
@@ -173,19 +176,28 @@ class LLMEngine:
         """Time one prefill and one block round trip, so `auto` compares real costs on this machine."""
         from llmservice.server.model.llama import score_tokens
 
-        n = min(128, self.max_model_len)
+        # A GPU needs a prefill of realistic size (a 128-token one is launch-bound and
+        # would overstate the per-token cost) and a copy large enough to reach the copy
+        # engine's bandwidth; on a CPU both are linear already at small sizes.
+        cuda = self.device.type == "cuda"
+        n = min(1024 if cuda else 128, self.max_model_len, int(self.config.max_num_batched_tokens))
         ids = [(i * 7919) % self.model_config.vocab_size for i in range(n)]
-        score_tokens(self.model, ids[:16], self.config.block_size)  # warm-up
+        score_tokens(self.model, ids if cuda else ids[:16], self.config.block_size)  # warm-up
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         score_tokens(self.model, ids, self.config.block_size)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         prefill_s = (time.perf_counter() - t0) / n
         costs = PreemptionCosts(recompute_s_per_token=prefill_s, prefill_tokens_per_s=1.0 / prefill_s)
-        nblocks = min(16, self.block_manager.num_blocks, self.swap_space.num_blocks)
+        nblocks = min(256 if cuda else 16, self.block_manager.num_blocks, self.swap_space.num_blocks)
         if nblocks:
             ids_ = list(range(nblocks))
             device_pools = kv_pools(self.runner.kv_caches)
+            if cuda:  # warm-up: pinned staging allocation and the side stream
+                copy_blocks(device_pools, self.swap_pools, ids_[:1], ids_[:1]).wait()
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
             copy_blocks(device_pools, self.swap_pools, ids_, ids_).wait()
             copy_blocks(self.swap_pools, device_pools, ids_, ids_).wait()

@@ -131,6 +131,12 @@ def read_tokenizer(reader: GGUFReader) -> TokenizerSource:
     )
 
 
+def read_gguf_info(path: Path) -> tuple[ModelConfig, TokenizerSource]:
+    """Architecture and tokenizer from the metadata; the tensors stay unread (mmap)."""
+    reader = GGUFReader(path)
+    return read_config(reader, path), read_tokenizer(reader)
+
+
 def load_gguf(path: Path, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None) -> LoadedModel:
     reader = GGUFReader(path)
     config = read_config(reader, path)

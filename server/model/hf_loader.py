@@ -73,8 +73,17 @@ def read_hf_tokenizer(path: Path) -> TokenizerSource:
     return source
 
 
-def load_hf_dir(path: Path, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+def read_hf_info(path: Path) -> tuple[ModelConfig, TokenizerSource]:
+    """Architecture and tokenizer of an HF directory, without touching its weights."""
     config = read_hf_config(path)
+    tokenizer = read_hf_tokenizer(path)
+    tokenizer.bos_token_id = config.bos_token_id
+    tokenizer.eos_token_id = config.eos_token_ids[0] if config.eos_token_ids else None
+    return config, tokenizer
+
+
+def load_hf_dir(path: Path, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+    config, tokenizer = read_hf_info(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise UnsupportedModelError(f"{path}: no *.safetensors files")
@@ -85,7 +94,4 @@ def load_hf_dir(path: Path, dtype: torch.dtype, progress: Callable[[int, int], N
                 weights[key] = f.get_tensor(key).to(dtype)
         if progress:
             progress(i + 1, len(files))
-    tokenizer = read_hf_tokenizer(path)
-    tokenizer.bos_token_id = config.bos_token_id
-    tokenizer.eos_token_id = config.eos_token_ids[0] if config.eos_token_ids else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=path)

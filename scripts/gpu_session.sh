@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Everything a lent GPU session runs, in one call (the lease is 15 minutes, start-up
+# included). Prepare here first: `.venv/bin/python scripts/gpu_prepare.py` and the gguf
+# wheel in .gpu/whl (see docs/gpu.md); the call carries `.gpu`.
+#
+#   1+2 (together, correctness only): the engine on CUDA (Triton vs torch, swap/recompute)
+#       and every Triton kernel unit test on compiled kernels (all block sizes, GQA, dtypes)
+#   3   seed_preemption on an 8B-shaped model (random weights): recompute vs swap vs auto
+#   4   the kernel benchmark (decode GB/s vs copy bandwidth, prefill TFLOP/s, engine step)
+#   5   offline throughput, 8B shape: our engine vs HF transformers static batching
+#
+# Each stage has its own time limit and writes its JSON as it goes, so a stage that runs
+# out of time or fails leaves the others' results. Logs, JSON and plots are packed after
+# every stage into $OUT/gpu-session.tgz (a call brings back only a few files); unpack it
+# into bench/results. `--dry` runs tiny versions on CPU to check the plumbing.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/bench/results}"
+mkdir -p "$OUT"
+DRY=0; [[ "${1:-}" == "--dry" ]] && DRY=1
+PY="${PYTHON:-python3}"; [[ -x "$ROOT/.venv/bin/python" && -z "${PYTHON:-}" ]] && PY="$ROOT/.venv/bin/python"
+export PYTHONUNBUFFERED=1
+WORK="$(mktemp -d)"; trap 'rm -rf "$WORK"' EXIT
+
+# gguf (the model loader imports it) is the one package the GPU image lacks
+if ! "$PY" -c 'import gguf' 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$ROOT"/.gpu/whl/*.whl
+  export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# llmservice maps several folders into one import namespace; assemble it from symlinks
+# where it is not installed, and never run from the root (its operator/ shadows stdlib)
+if ! "$PY" -c 'import llmservice.kernels, llmservice.server' 2>/dev/null; then
+  mkdir -p "$WORK/shadow/llmservice"
+  for f in "$ROOT"/src/llmservice/*; do ln -s "$f" "$WORK/shadow/llmservice/$(basename "$f")"; done
+  ln -s "$ROOT/kernels" "$WORK/shadow/llmservice/kernels"
+  ln -s "$ROOT/server" "$WORK/shadow/llmservice/server"
+  export PYTHONPATH="$WORK/shadow${PYTHONPATH:+:$PYTHONPATH}"
+fi
+cd "$WORK"
+RES="$WORK/res"; mkdir -p "$RES"
+M="$ROOT/.gpu/models"
+stage() {  # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  echo "=== $name (limit ${secs}s) $(date +%T)"
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=10 "$secs" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc in $((SECONDS - t0))s"; tail -n 15 "$RES/$name.log"
+  tar czf "$OUT/gpu-session.tgz.$BASHPID" -C "$RES" . && mv "$OUT/gpu-session.tgz.$BASHPID" "$OUT/gpu-session.tgz"
+}
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm --format=csv
+
+if [[ $DRY == 1 ]]; then
+  export TRITON_INTERPRET=1
+  stage engine_check 300 "$PY" "$ROOT/scripts/gpu_engine_check.py" --model "$M/smollm2-135m-shape" --out "$RES" --device cpu
+  stage kernel_tests 300 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" -x "$ROOT/tests/unit/kernels/test_swap.py" "$ROOT/tests/unit/kernels/test_triton_norm.py"
+  stage seed_preemption 300 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/smollm2-135m-shape" --load-format dummy \
+    --device cpu --long-prompt 200 --long-requests 3 --long-kv-requests 2 --long-output 8 --short-requests 4 --short-output 20 --out "$RES"
+  stage kernel_bench 300 "$PY" -m llmservice.kernels.bench --smoke --out "$RES"
+  stage offline_throughput 300 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/smollm2-135m-shape" --load-format dummy \
+    --device cpu --num-requests 8 --hf-requests 4 --hf-batches 4 --out "$RES"
+  exit 0
+fi
+
+export TRITON_INTERPRET=0  # compiled kernels; the tests' conftest keeps an explicit choice
+XDIST=(); "$PY" -c 'import xdist' 2>/dev/null && XDIST=(-n 10)
+stage engine_check 150 "$PY" "$ROOT/scripts/gpu_engine_check.py" --model "$M/smollm2-135m-shape" --out "$RES" &
+stage kernel_tests 150 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
+  "$ROOT"/tests/unit/kernels/test_triton_*.py "$ROOT/tests/unit/kernels/test_swap.py"
+wait
+stage seed_preemption 160 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/llama3-8b-shape" --load-format dummy \
+  --device cuda --long-prompt 2500 --long-requests 24 --long-kv-requests 6 --long-output 64 \
+  --short-requests 48 --short-output 192 --max-num-batched-tokens 4096 --swap-space 8 --out "$RES"
+stage kernel_bench 120 "$PY" -m llmservice.kernels.bench --budget-s 50 --out "$RES"
+stage offline_throughput 100 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/llama3-8b-shape" --load-format dummy \
+  --device cuda --num-requests 512 --max-num-seqs 256 --kv-cache-memory-gib 16 --hf-requests 128 --hf-batches 64 --out "$RES"
+ls -la "$RES"
