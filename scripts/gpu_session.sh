@@ -12,7 +12,8 @@
 # Each stage has its own time limit and writes its JSON as it goes, so a stage that runs
 # out of time or fails leaves the others' results. Logs, JSON and plots are packed after
 # every stage into $OUT/gpu-session.tgz (a call brings back only a few files); unpack it
-# into bench/results. `--dry` runs tiny versions on CPU to check the plumbing.
+# into bench/results. `--dry` runs tiny versions on CPU to check the plumbing;
+# ONLY="seed_preemption kernel_tests" reruns some stages; KERNEL_TESTS narrows stage 2.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/bench/results}"
@@ -39,8 +40,9 @@ fi
 cd "$WORK"
 RES="$WORK/res"; mkdir -p "$RES"
 M="$ROOT/.gpu/models"
-stage() {  # name, seconds, command...
+stage() {  # name, seconds, command...; ONLY="a b" runs just the stages named
   local name=$1 secs=$2; shift 2
+  [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]] && return 0
   echo "=== $name (limit ${secs}s) $(date +%T)"
   local t0=$SECONDS
   timeout --signal=INT --kill-after=10 "$secs" "$@" > "$RES/$name.log" 2>&1
@@ -66,11 +68,11 @@ export TRITON_INTERPRET=0  # compiled kernels; the tests' conftest keeps an expl
 XDIST=(); "$PY" -c 'import xdist' 2>/dev/null && XDIST=(-n 10)
 stage engine_check 150 "$PY" "$ROOT/scripts/gpu_engine_check.py" --model "$M/smollm2-135m-shape" --out "$RES" &
 stage kernel_tests 150 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
-  "$ROOT"/tests/unit/kernels/test_triton_*.py "$ROOT/tests/unit/kernels/test_swap.py"
+  ${KERNEL_TESTS:-"$ROOT"/tests/unit/kernels/test_triton_*.py "$ROOT/tests/unit/kernels/test_swap.py"}
 wait
-stage seed_preemption 160 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/llama3-8b-shape" --load-format dummy \
-  --device cuda --long-prompt 2500 --long-requests 24 --long-kv-requests 6 --long-output 64 \
-  --short-requests 48 --short-output 192 --max-num-batched-tokens 4096 --swap-space 8 --out "$RES"
+stage seed_preemption 240 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/llama3-8b-shape" --load-format dummy \
+  --device cuda --warmup --long-prompt 2500 --long-requests 24 --long-kv-requests 4 --long-output 256 \
+  --short-requests 48 --short-output 192 --max-num-batched-tokens 2048 --swap-space 8 --out "$RES"
 stage kernel_bench 120 "$PY" -m llmservice.kernels.bench --budget-s 50 --out "$RES"
 stage offline_throughput 100 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/llama3-8b-shape" --load-format dummy \
   --device cuda --num-requests 512 --max-num-seqs 256 --kv-cache-memory-gib 16 --hf-requests 128 --hf-batches 64 --out "$RES"

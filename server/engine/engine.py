@@ -195,8 +195,11 @@ class LLMEngine:
         if nblocks:
             ids_ = list(range(nblocks))
             device_pools = kv_pools(self.runner.kv_caches)
-            if cuda:  # warm-up: pinned staging allocation and the side stream
-                copy_blocks(device_pools, self.swap_pools, ids_[:1], ids_[:1]).wait()
+            if cuda:  # warm-up at the timed size: the first pinned staging allocations
+                # (cudaHostAlloc, cached afterwards) cost ms each; a first H200 run that
+                # timed them measured 17 MB/s instead of the link's GB/s
+                copy_blocks(device_pools, self.swap_pools, ids_, ids_).wait()
+                copy_blocks(self.swap_pools, device_pools, ids_, ids_).wait()
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             copy_blocks(device_pools, self.swap_pools, ids_, ids_).wait()
