@@ -70,10 +70,10 @@ stage engine_check 150 "$PY" "$ROOT/scripts/gpu_engine_check.py" --model "$M/smo
 stage kernel_tests 150 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
   ${KERNEL_TESTS:-"$ROOT"/tests/unit/kernels/test_triton_*.py "$ROOT/tests/unit/kernels/test_swap.py"}
 wait
-stage seed_preemption 240 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/llama3-8b-shape" --load-format dummy \
-  --device cuda --warmup --long-prompt 2500 --long-requests 24 --long-kv-requests 4 --long-output 256 \
+stage seed_preemption 300 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/llama3-8b-shape" --load-format dummy \
+  --device cuda --warmup --repeats 2 --long-prompt 2500 --long-requests 24 --long-kv-requests 2.5 --long-output 128 \
   --short-requests 48 --short-output 192 --max-num-batched-tokens 2048 --swap-space 8 --out "$RES"
-stage kernel_bench 120 "$PY" -m llmservice.kernels.bench --budget-s 50 --out "$RES"
-stage offline_throughput 100 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/llama3-8b-shape" --load-format dummy \
+stage kernel_bench 60 "$PY" -m llmservice.kernels.bench --budget-s 50 --out "$RES"
+stage offline_throughput 90 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/llama3-8b-shape" --load-format dummy \
   --device cuda --num-requests 512 --max-num-seqs 256 --kv-cache-memory-gib 16 --hf-requests 128 --hf-batches 64 --out "$RES"
 ls -la "$RES"

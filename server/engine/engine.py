@@ -19,7 +19,7 @@ from llmservice.server.engine.request import Request, RequestStatus
 from llmservice.server.engine.runner import ModelRunner
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.engine.scheduler import Scheduler, SchedulerOutput
-from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
+from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace, fit_costs
 from llmservice.server.model.llama import LlamaModel
 from llmservice.server.model.loaded import LoadedModel
 from llmservice.server.model.loader import load_model
@@ -96,8 +96,9 @@ class LLMEngine:
         if config.preemption_mode == "auto":
             c = self.preemption_costs
             log.info(
-                "preemption cost model: recompute %.3g s/token (prefill %.0f tok/s) vs swap %.3g s/token (copy %.2f GB/s)",
-                c.recompute_s_per_token, c.prefill_tokens_per_s, c.swap_s_per_token, c.copy_bytes_per_s / 1e9,
+                "preemption cost model: recompute %.3g s/token (prefill %.0f tok/s) vs swap %.3g s + %.3g s/token "
+                "(copy %.2f GB/s)", c.recompute_s_per_token, c.prefill_tokens_per_s, c.swap_fixed_s,
+                c.swap_s_per_token, c.copy_bytes_per_s / 1e9,
             )
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space, self.preemption_costs)
         self.detokenizers: dict[str, Detokenizer] = {}
@@ -173,42 +174,44 @@ class LLMEngine:
         return SwapSpace(num_blocks), pools
 
     def _measure_preemption_costs(self) -> PreemptionCosts:
-        """Time one prefill and one block round trip, so `auto` compares real costs on this machine."""
+        """Time prefills and block round trips at two sizes each, so `auto` compares
+        this machine's real costs (fit_costs says how they are read)."""
         from llmservice.server.model.llama import score_tokens
 
-        # A GPU needs a prefill of realistic size (a 128-token one is launch-bound and
-        # would overstate the per-token cost) and a copy large enough to reach the copy
-        # engine's bandwidth; on a CPU both are linear already at small sizes.
+        # A GPU needs sizes past launch overhead (prefills up to 1024 tokens, copies up to
+        # 256 blocks) for the slopes to mean anything; on a CPU both are linear early.
         cuda = self.device.type == "cuda"
-        n = min(1024 if cuda else 128, self.max_model_len, int(self.config.max_num_batched_tokens))
-        ids = [(i * 7919) % self.model_config.vocab_size for i in range(n)]
-        score_tokens(self.model, ids if cuda else ids[:16], self.config.block_size)  # warm-up
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        score_tokens(self.model, ids, self.config.block_size)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        prefill_s = (time.perf_counter() - t0) / n
-        costs = PreemptionCosts(recompute_s_per_token=prefill_s, prefill_tokens_per_s=1.0 / prefill_s)
-        nblocks = min(256 if cuda else 16, self.block_manager.num_blocks, self.swap_space.num_blocks)
-        if nblocks:
-            ids_ = list(range(nblocks))
-            device_pools = kv_pools(self.runner.kv_caches)
-            if cuda:  # warm-up at the timed size: the first pinned staging allocations
-                # (cudaHostAlloc, cached afterwards) cost ms each; a first H200 run that
-                # timed them measured 17 MB/s instead of the link's GB/s
-                copy_blocks(device_pools, self.swap_pools, ids_, ids_).wait()
-                copy_blocks(self.swap_pools, device_pools, ids_, ids_).wait()
+        bs = self.config.block_size
+
+        def timed(fn, warm_up: bool = True) -> float:
+            if warm_up:  # at the timed size: kernel variants, pinned staging buffers
+                fn()  # (cudaHostAlloc, cached afterwards, costs ms: a first H200 run
+            if cuda:  # that timed it measured 17 MB/s instead of GB/s)
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            copy_blocks(device_pools, self.swap_pools, ids_, ids_).wait()
-            copy_blocks(self.swap_pools, device_pools, ids_, ids_).wait()
-            elapsed = max(time.perf_counter() - t0, 1e-9)
-            moved = 2 * sum(p[0].numel() * p.element_size() for p in device_pools) * nblocks
-            costs.copy_bytes_per_s = moved / elapsed
-            costs.swap_s_per_token = 2 * self.memory_plan.kv_bytes_per_token / costs.copy_bytes_per_s
-        return costs
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            return max(time.perf_counter() - t0, 1e-9)
+
+        n = min(1024 if cuda else 128, self.max_model_len, int(self.config.max_num_batched_tokens))
+        ids = [(i * 7919) % self.model_config.vocab_size for i in range(n)]
+        small = max(n // 8, 1)
+        # a CPU needs no second warm-up: its cost is the time, and the small run warmed it
+        prefill = tuple((k, timed(lambda k=k: score_tokens(self.model, ids[:k], bs), warm_up=cuda or k == small))
+                        for k in (small, n))  # fmt: skip
+        round_trip = None
+        nblocks = min(256 if cuda else 16, self.block_manager.num_blocks, self.swap_space.num_blocks)
+        if nblocks >= 2:
+            device_pools = kv_pools(self.runner.kv_caches)
+
+            def swap_round_trip(m: int) -> None:
+                blocks = list(range(m))
+                copy_blocks(device_pools, self.swap_pools, blocks, blocks).wait()
+                copy_blocks(self.swap_pools, device_pools, blocks, blocks).wait()
+
+            round_trip = tuple((m * bs, timed(lambda m=m: swap_round_trip(m))) for m in (1, nblocks))
+        return fit_costs(prefill, round_trip, self.memory_plan.kv_bytes_per_token)
 
     def _do_swaps(self, sched: SchedulerOutput) -> None:
         device_pools = kv_pools(self.runner.kv_caches)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llmservice.server.engine.request import Request
+from llmservice.server.engine.swap_space import PreemptionCosts
 
 
 def effective_priority(req: Request, now: float, aging_per_s: float) -> float:
@@ -63,21 +64,19 @@ def pick_victim(running: list[Request], policy: str) -> Request:
 def choose_preemption(
     mode: str,
     num_computed_tokens: int,
-    recompute_s_per_token: float,
-    swap_s_per_token: float,
+    costs: PreemptionCosts,
     swap_blocks_needed: int,
     swap_blocks_free: int,
 ) -> str:
     """'swap' or 'recompute' for one victim.
 
     swap falls back to recompute when the CPU swap pool cannot hold the victim (or it has
-    no KV yet). auto compares estimated costs measured at start-up: re-prefilling the
-    victim's computed tokens vs copying their KV out and back in.
+    no KV yet). auto compares the costs measured at start-up (PreemptionCosts): the
+    marginal prefill time of the victim's computed tokens vs a swap's fixed latency plus
+    their KV bytes over the copy bandwidth, out and back in.
     """
     if mode == "recompute" or num_computed_tokens == 0 or swap_blocks_needed > swap_blocks_free:
         return "recompute"
     if mode == "swap":
         return "swap"
-    recompute_cost = num_computed_tokens * recompute_s_per_token
-    swap_cost = num_computed_tokens * swap_s_per_token
-    return "swap" if recompute_cost > swap_cost else "recompute"
+    return "swap" if costs.recompute_cost(num_computed_tokens) > costs.swap_cost(num_computed_tokens) else "recompute"

@@ -106,8 +106,7 @@ class Scheduler:
         mode = policy.choose_preemption(
             self.config.preemption_mode,
             victim.num_computed_tokens,
-            self.costs.recompute_s_per_token,
-            self.costs.swap_s_per_token,
+            self.costs,
             n_blocks,
             self.swap_space.num_free,
         )
