@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import jinja2
 from llmservice.server.api.errors import APIError
@@ -19,29 +18,10 @@ from llmservice.server.tokenizer import TextTokenizer
 
 def load_text_tokenizer(model: str) -> TextTokenizer:
     """Tokenizer and EOS ids of a model reference, read the same way the loader does."""
-    from llmservice.server.model.registry import resolve_model_path
+    from llmservice.server.model.loader import read_model_info
 
-    path = resolve_model_path(model)
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if (path / "config.json").exists() or not ggufs:
-            from llmservice.server.model.hf_loader import read_hf_config, read_hf_tokenizer
-
-            config = read_hf_config(path)
-            source = read_hf_tokenizer(path)
-            source.bos_token_id = config.bos_token_id
-            source.eos_token_id = config.eos_token_ids[0] if config.eos_token_ids else None
-            return TextTokenizer(source, config.eos_token_ids)
-        path = ggufs[0]
-    return _gguf_tokenizer(Path(path))
-
-
-def _gguf_tokenizer(path: Path) -> TextTokenizer:
-    from gguf import GGUFReader
-    from llmservice.server.model.gguf_loader import read_config, read_tokenizer
-
-    reader = GGUFReader(path)
-    return TextTokenizer(read_tokenizer(reader), read_config(reader, path).eos_token_ids)
+    _, config, source = read_model_info(model)
+    return TextTokenizer(source, config.eos_token_ids)
 
 
 def message_dicts(messages) -> list[dict]:
