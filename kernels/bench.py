@@ -255,26 +255,33 @@ def check_correctness(plan: Plan, device: torch.device) -> list[dict]:
 def check_swap(device: torch.device, s: Shape) -> dict:
     """Swap blocks out to a CPU pool and back into other device blocks; bit exact."""
     shape = (256, s.block_size, s.num_kv_heads, s.head_dim)
+    cuda = device.type == "cuda"
     dev = [torch.randn(shape, device=device).to(s.dtype) for _ in range(4)]
-    host = [torch.zeros(shape, dtype=s.dtype) for _ in range(4)]
+    host = [torch.zeros(shape, dtype=s.dtype, pin_memory=cuda) for _ in range(4)]  # as the engine's pool
     src = torch.randperm(256)[:96].tolist()
     mid = torch.randperm(256)[:96].tolist()
     back = torch.randperm(256)[:96].tolist()
     before = [p[src].clone() for p in dev]
-    t0 = time.perf_counter()
-    copy_blocks(dev, host, src, mid).wait()
-    copy_blocks(host, dev, mid, back).wait()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    ok = all(torch.equal(p[back], b) for p, b in zip(dev, before, strict=True))
     moved = 2 * sum(b.numel() * b.element_size() for b in before)
+
+    def round_trip() -> float:
+        t0 = time.perf_counter()
+        copy_blocks(dev, host, src, mid).wait()
+        copy_blocks(host, dev, mid, back).wait()
+        if cuda:
+            torch.cuda.synchronize()
+        return moved / (time.perf_counter() - t0) / 1e9
+
+    cold = round_trip()  # includes the first pinned staging allocations (cudaHostAlloc)
+    ok = all(torch.equal(p[back], b) for p, b in zip(dev, before, strict=True))
+    warm = round_trip()  # the same copies again, warm; only their timing is kept
     return {
         "kernel": "swap out + in (bit exact)",
         "rel_err": 0.0 if ok else float("inf"),
         "tol": 0.0,
         "ok": ok,
-        "GBps": moved / seconds / 1e9,
+        "GBps": warm,
+        "GBps_first_call": cold,
     }
 
 
