@@ -45,8 +45,9 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
 
 
 def setup(threads: int | None = None, args: argparse.Namespace | None = None):
+    """Load the model once; `args` from add_model_args choose which and where."""
     global _LOADED, RESULTS
-    if args is not None and hasattr(args, "model"):
+    if args is not None:
         CHOICE.model, CHOICE.load_format = args.model, args.load_format
         CHOICE.device, CHOICE.dtype = args.device, args.dtype
         if args.out:
@@ -54,14 +55,24 @@ def setup(threads: int | None = None, args: argparse.Namespace | None = None):
     if threads:
         torch.set_num_threads(threads)
     if _LOADED is None:
-        device = resolve_device(CHOICE.device)
-        dtype = torch.float32 if device.type == "cpu" else resolve_dtype(CHOICE.dtype, device)
+        device, dtype = device_and_dtype()
         _LOADED = load_model(CHOICE.model, dtype, load_format=CHOICE.load_format, device=device)
     return _LOADED
 
 
+def device_and_dtype() -> tuple[torch.device, torch.dtype]:
+    """As the engine resolves them (weights stay float32 on CPU)."""
+    device = resolve_device(CHOICE.device)
+    return device, torch.float32 if device.type == "cpu" else resolve_dtype(CHOICE.dtype, device)
+
+
 def on_gpu() -> bool:
     return resolve_device(CHOICE.device).type == "cuda"
+
+
+def result_path(name: str, suffix: str = ".json") -> Path:
+    """bench/results/NAME.json, or gpu-NAME.json for a GPU run (both kept side by side)."""
+    return RESULTS / f"{'gpu-' if on_gpu() else ''}{name}{suffix}"
 
 
 def engine(**overrides) -> LLMEngine:
@@ -170,10 +181,9 @@ def write(name: str, result: dict) -> Path:
     machine = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     if on_gpu():
         machine |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-        name = f"gpu-{name}"
     machine |= {"model": CHOICE.model, "load_format": CHOICE.load_format}
     result.setdefault("machine", machine)
-    path = RESULTS / f"{name}.json"
+    path = result_path(name)
     path.write_text(json.dumps(result, indent=2, default=float))
     print(f"wrote {path}")
     return path
@@ -195,7 +205,7 @@ def bar_plot(name: str, title: str, panels: dict[str, dict[str, float]]) -> Path
             ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=8)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    path = RESULTS / f"{'gpu-' if on_gpu() else ''}{name}.png"
+    path = result_path(name, ".png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -13,7 +13,6 @@ On a GPU (scripts/gpu_session.sh): --device cuda --load-format dummy --model DIR
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -24,13 +23,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 from llmservice.server.config import EngineConfig  # noqa: E402
 from llmservice.server.engine.engine import LLMEngine  # noqa: E402
 from llmservice.server.engine.sampling_params import SamplingParams  # noqa: E402
-from llmservice.server.model.loader import load_model  # noqa: E402
 from workloads import sharegpt_like  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def gemm_shapes(cfg) -> list[tuple[int, int]]:
@@ -144,23 +141,16 @@ def main() -> None:
     ap.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--model", default="builtin:smollm2-135m")
-    ap.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--out", default=str(RESULTS))
+    common.add_model_args(ap)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    gpu = args.device != "cpu"
-    dtype = torch.bfloat16 if gpu else torch.float32
-    loaded = load_model(args.model, dtype, load_format=args.load_format, device=args.device)
+    loaded = common.setup(args.threads, args)
+    device, dtype = common.device_and_dtype()
+    gpu = device.type == "cuda"
     cfg = loaded.config
     workload = sharegpt_like(args.num_requests, seed=0)
-    machine = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
-    if gpu:
-        machine |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     result: dict = {
-        "machine": machine,
+        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "platform": platform.platform()} | ({"gpu": torch.cuda.get_device_name()} if gpu else {}),
         "model": {"ref": args.model, "load_format": args.load_format, "name": cfg.name, "dtype": str(dtype),
                   "layers": cfg.num_layers, "hidden": cfg.hidden_size},
         "workload": {
@@ -170,11 +160,11 @@ def main() -> None:
             "distribution": "bench/workloads.py sharegpt_like(seed=0)",
         },
     }
-    rate64 = raw_matmul_rate(cfg, 64, device=args.device, dtype=dtype)
-    rate128 = raw_matmul_rate(cfg, 128, device=args.device, dtype=dtype)
+    rate64 = raw_matmul_rate(cfg, 64, device=device.type, dtype=dtype)
+    rate128 = raw_matmul_rate(cfg, 128, device=device.type, dtype=dtype)
     print(f"raw {dtype} matmul rate on model GEMMs: {rate64 / 1e9:.1f} GFLOP/s (M=64), {rate128 / 1e9:.1f} (M=128)")
 
-    ours = run_engine(loaded, workload, args.max_num_seqs, args.device, args.kv_cache_memory_gib)
+    ours = run_engine(loaded, workload, args.max_num_seqs, device.type, args.kv_cache_memory_gib)
     steps = ours.pop("decode_steps")
     step_rates = [n * model_flops_per_token(cfg, ctx) / dt for n, dt, ctx in steps]
     mean_batch = statistics.fmean(n for n, _, _ in steps) if steps else 0
@@ -188,25 +178,20 @@ def main() -> None:
           f"{ours['decode_model_flops_per_s_median'] / 1e9:.1f} GFLOP/s = {ours['decode_fraction_of_raw_matmul']:.0%} of raw matmul")
     result["engine"] = ours
     result["raw_matmul_flops_per_s"] = {"m64": rate64, "m128": rate128}
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{'gpu-' if gpu else ''}offline_throughput.json"
-    path.write_text(json.dumps(result, indent=2))  # now, and again with HF: a cut-short run keeps ours
+    common.write("offline_throughput", result)  # now, and again with HF: a cut-short run keeps ours
 
     if not args.skip_hf:
-        hf = hf_model(loaded, args.device, dtype, from_weights=gpu or args.load_format == "dummy")
+        hf = hf_model(loaded, device.type, dtype, from_weights=gpu or args.load_format == "dummy")
         subset = workload[: args.hf_requests]
         result["hf"] = {}
         for bsz in args.hf_batches:
-            r = run_hf(hf, subset, bsz, args.device)
+            r = run_hf(hf, subset, bsz, device.type)
             result["hf"][f"batch{bsz}"] = r
             print(f"HF static batch {bsz}: {r['output_tok_per_s']:.1f} useful output tok/s")
             best = max(v["output_tok_per_s"] for v in result["hf"].values())
             result["ratio_vs_best_hf"] = ours["output_tok_per_s"] / best
-            path.write_text(json.dumps(result, indent=2))
+            common.write("offline_throughput", result)
         print(f"ratio engine / best HF: {result['ratio_vs_best_hf']:.2f}x")
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

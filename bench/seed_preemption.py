@@ -65,7 +65,7 @@ def main() -> None:
     }
     if args.only:
         workloads = {args.only: workloads[args.only]}
-    path = common.RESULTS / f"{'gpu-' if common.on_gpu() else ''}seed_preemption.json"
+    path = common.result_path("seed_preemption")
     results = json.loads(path.read_text()) if args.only and path.exists() else {}
     for name, (work, kv_tokens, max_model_len) in workloads.items():
         results[name] = {}

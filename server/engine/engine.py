@@ -184,9 +184,12 @@ class LLMEngine:
         bs = self.config.block_size
 
         def timed(fn, warm_up: bool = True) -> float:
-            if warm_up:  # at the timed size: kernel variants, pinned staging buffers
-                fn()  # (cudaHostAlloc, cached afterwards, costs ms: a first H200 run
-            if cuda:  # that timed it measured 17 MB/s instead of GB/s)
+            # The warm-up runs at the timed size: first use compiles kernel variants and
+            # allocates pinned staging buffers (cudaHostAlloc, ms each, cached afterwards;
+            # an H200 run that timed them read 17 MB/s instead of GB/s).
+            if warm_up:
+                fn()
+            if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             fn()
