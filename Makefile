@@ -52,7 +52,7 @@ bench-seeds: install
 	$(PY) bench/seed_prefix_caching.py
 	$(PY) bench/seed_chunked_prefill.py
 	$(PY) bench/seed_max_model_len.py
-	$(PY) bench/seed_preemption.py
+	$(PY) bench/seed_preemption.py --long-output-sweep 32 128
 
 PEERS_VENV ?= .venv-peers
 $(PEERS_VENV)/.llama-cpp-python:

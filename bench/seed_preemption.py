@@ -31,6 +31,10 @@ def main() -> None:
     ap.add_argument("--short-requests", type=int, default=16)
     ap.add_argument("--short-output", type=int, default=200)
     ap.add_argument("--long-output", type=int, default=64)
+    ap.add_argument("--long-output-sweep", type=int, nargs="*", default=[],
+                    help="also run the long prompts with these answer lengths (workloads long_prompts_out<N>): "
+                         "recompute loses a partial prefill each time a decoder needs a block, so its cost "
+                         "grows with the answer length while swap's does not")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--swap-space", type=float, default=2.0, help="GiB of CPU swap pool")
     ap.add_argument("--threads", type=int, default=None)
@@ -41,21 +45,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the three modes this many times, in alternating order; report the median run")
     common.add_model_args(ap)
-    ap.add_argument("--only", choices=["long_prompts", "short_prompts_long_outputs"], default=None,
-                    help="run one workload and merge into the existing JSON")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="run these workloads (long_prompts, long_prompts_out<N>, short_prompts_long_outputs) "
+                         "and merge into the existing JSON")
     args = ap.parse_args()
     common.setup(args.threads, args)
     rng = random.Random(0)
+    long_prompts = [[rng.randrange(200, 40000) for _ in range(args.long_prompt + rng.randint(0, 200))]
+                    for _ in range(args.long_requests)]
+
+    def long_workload(output: int) -> tuple:
+        # Demand far beyond the pool, as in the seed's case (>100 concurrent 12k-token
+        # requests on one GPU): KV for 1.5 of the 8 requests. Every block a decoding
+        # request needs preempts a partly prefilled newer one.
+        # the pool is sized by --long-output for every sweep point: the same memory throughout
+        return ([(p, output) for p in long_prompts],
+                int(args.long_kv_requests * (args.long_prompt + 236 + args.long_output)),
+                args.long_prompt + 512)
+
     workloads = {
-        "long_prompts": (
-            [([rng.randrange(200, 40000) for _ in range(args.long_prompt + rng.randint(0, 200))], args.long_output)
-             for _ in range(args.long_requests)],
-            # Demand far beyond the pool, as in the seed's case (>100 concurrent 12k-token
-            # requests on one GPU): KV for 1.5 of the 8 requests. Every block a decoding
-            # request needs preempts a partly prefilled newer one.
-            int(args.long_kv_requests * (args.long_prompt + 236 + args.long_output)),
-            args.long_prompt + 512,
-        ),
+        "long_prompts": long_workload(args.long_output),
+        **{f"long_prompts_out{n}": long_workload(n) for n in args.long_output_sweep},
         "short_prompts_long_outputs": (
             [([rng.randrange(200, 40000) for _ in range(rng.randint(20, 60))], args.short_output)
              for _ in range(args.short_requests)],
@@ -64,7 +74,10 @@ def main() -> None:
         ),
     }
     if args.only:
-        workloads = {args.only: workloads[args.only]}
+        unknown = sorted(set(args.only) - set(workloads))
+        if unknown:
+            ap.error(f"--only: unknown workload(s) {unknown}; known: {sorted(workloads)}")
+        workloads = {name: workloads[name] for name in args.only}
     path = common.result_path("seed_preemption")
     results = json.loads(path.read_text()) if args.only and path.exists() else {}
     for name, (work, kv_tokens, max_model_len) in workloads.items():
@@ -105,7 +118,7 @@ def main() -> None:
         res["better_mode"] = better
         res["auto_within_10pct_of_better"] = res["auto"]["latency_p99_s"] <= 1.1 * res[better]["latency_p99_s"]
         res["p99_recompute_over_swap"] = res["recompute"]["latency_p99_s"] / res["swap"]["latency_p99_s"]
-        res["workload"] = {"requests": len(work), "kv_tokens": kv_tokens, "max_model_len": max_model_len,
+        res["workload"] = {"requests": len(work), "output_tokens": sorted({o for _, o in work}), "kv_tokens": kv_tokens, "max_model_len": max_model_len,
                            "max_num_batched_tokens": args.max_num_batched_tokens, "swap_space_gib": args.swap_space}
         common.write("seed_preemption", results)
     panels = {}
