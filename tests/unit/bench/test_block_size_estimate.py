@@ -1,0 +1,25 @@
+"""The block-size bench's yardstick: concurrency the workload's lengths allow under lazy allocation."""
+
+import importlib.util
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location(
+    "seed_block_size", Path(__file__).parents[3] / "bench" / "seed_block_size.py")
+seed_block_size = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(seed_block_size)  # bench/ is scripts, not a package
+
+
+def test_a_request_inside_one_block_holds_that_block_for_its_life():
+    work = [([1] * 10, 7)]  # lengths 10..16: one block of 16, two of 8, one of 32
+    assert seed_block_size.lazy_allocation_estimate(work, 16, 1024) == 1024 / 16
+    assert seed_block_size.lazy_allocation_estimate(work, 8, 1024) == 1024 / 16
+    assert seed_block_size.lazy_allocation_estimate(work, 32, 1024) == 1024 / 32
+
+
+def test_footprint_is_averaged_over_the_steps_a_request_runs():
+    # lengths 15, 16, 17, 18: two steps in one block of 16, two in two blocks
+    work = [([1] * 15, 4)]
+    assert seed_block_size.lazy_allocation_estimate(work, 16, 960) == 960 / 24
+    # a second request of one step (prefill only) weighs one step, not half the mean
+    work.append(([1] * 3, 1))
+    assert seed_block_size.lazy_allocation_estimate(work, 16, 960) == 960 / ((16 + 16 + 32 + 32 + 16) / 5)
