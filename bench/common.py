@@ -189,16 +189,20 @@ def write(name: str, result: dict) -> Path:
     return path
 
 
-def bar_plot(name: str, title: str, panels: dict[str, dict[str, float]]) -> Path:
-    """One bar chart per metric: panels = {metric: {variant: value}}."""
+def bar_plot(name: str, title: str, panels: dict[str, dict[str, float]], columns: int = 4) -> Path:
+    """One bar chart per metric: panels = {metric: {variant: value}}, at most `columns` a row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
-    axes = axes if len(panels) > 1 else [axes]
-    for ax, (metric, values) in zip(axes, panels.items(), strict=True):
+    ncols = min(len(panels), columns)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    for ax, (metric, values) in zip(axes, panels.items(), strict=False):
         ax.bar(list(values), list(values.values()), color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(values)])
         ax.set_title(metric, fontsize=10)
         for x, v in enumerate(values.values()):

@@ -48,7 +48,11 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=None,
                     help="run these workloads (long_prompts, long_prompts_out<N>, short_prompts_long_outputs) "
                          "and merge into the existing JSON")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the existing JSON and exit")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads(common.result_path("seed_preemption").read_text()))
+        return
     common.setup(args.threads, args)
     rng = random.Random(0)
     long_prompts = [[rng.randrange(200, 40000) for _ in range(args.long_prompt + rng.randint(0, 200))]
@@ -121,10 +125,16 @@ def main() -> None:
         res["workload"] = {"requests": len(work), "output_tokens": sorted({o for _, o in work}), "kv_tokens": kv_tokens, "max_model_len": max_model_len,
                            "max_num_batched_tokens": args.max_num_batched_tokens, "swap_space_gib": args.swap_space}
         common.write("seed_preemption", results)
+    plot(results)
+
+
+def plot(results: dict) -> None:
+    """Two panels per workload, two workloads a row, the long prompts by answer length."""
+    def answer_length(name: str) -> tuple[int, int]:
+        return (name.startswith("short"), results[name]["workload"].get("output_tokens", [64])[0])
+
     panels = {}
-    for name in results:
-        if name == "machine":
-            continue
+    for name in sorted((n for n in results if n != "machine"), key=answer_length):
         panels[f"{name}: p99 latency (s)"] = {m: results[name][m]["latency_p99_s"] for m in ("recompute", "swap", "auto")}
         panels[f"{name}: tok/s"] = {m: results[name][m]["output_tok_per_s"] for m in ("recompute", "swap", "auto")}
     common.bar_plot("seed_preemption", "Preemption mode under KV pressure", panels)
