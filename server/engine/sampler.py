@@ -38,7 +38,9 @@ class Sampler:
                   if not req.sampling_params.greedy or req.sampling_params.logprobs is not None]
         host_rows: dict[int, torch.Tensor] = {}
         if wanted:
-            picked = logits[torch.tensor(wanted, device=logits.device)].float().cpu()
+            # a batch that samples throughout is moved whole: no gather copy first
+            picked = logits if len(wanted) == len(requests) else logits[torch.tensor(wanted, device=logits.device)]
+            picked = picked.float().cpu()
             host_rows = dict(zip(wanted, picked, strict=True))
         results: list[tuple[int, TokenLogprob | None]] = []
         for row, req in enumerate(requests):
