@@ -49,7 +49,7 @@ def lazy_allocation_estimate(work: list[tuple[list[int], int]], block_size: int,
     """
     held = steps = 0
     for prompt, answer in work:
-        lengths = [len(prompt)] + [len(prompt) + k for k in range(1, answer)]
+        lengths = [len(prompt) + k for k in range(answer)]  # the prefill step, then one per further token
         held += sum(-(-n // block_size) * block_size for n in lengths)
         steps += len(lengths)
     return kv_tokens / (held / steps)
