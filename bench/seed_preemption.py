@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the existing JSON and exit")
     args = ap.parse_args()
     if args.plot_only:
-        plot(json.loads(common.result_path("seed_preemption").read_text()))
+        plot(json.loads(common.result_path("seed_preemption").read_text()), args.long_output)
         return
     common.setup(args.threads, args)
     rng = random.Random(0)
@@ -61,8 +61,8 @@ def main() -> None:
     def long_workload(output: int) -> tuple:
         # Demand far beyond the pool, as in the seed's case (>100 concurrent 12k-token
         # requests on one GPU): KV for 1.5 of the 8 requests. Every block a decoding
-        # request needs preempts a partly prefilled newer one.
-        # the pool is sized by --long-output for every sweep point: the same memory throughout
+        # request needs preempts a partly prefilled newer one. The pool is sized by
+        # --long-output for every sweep point: the same memory throughout.
         return ([(p, output) for p in long_prompts],
                 int(args.long_kv_requests * (args.long_prompt + 236 + args.long_output)),
                 args.long_prompt + 512)
@@ -125,13 +125,14 @@ def main() -> None:
         res["workload"] = {"requests": len(work), "output_tokens": sorted({o for _, o in work}), "kv_tokens": kv_tokens, "max_model_len": max_model_len,
                            "max_num_batched_tokens": args.max_num_batched_tokens, "swap_space_gib": args.swap_space}
         common.write("seed_preemption", results)
-    plot(results)
+    plot(results, args.long_output)
 
 
-def plot(results: dict) -> None:
+def plot(results: dict, long_output: int) -> None:
     """Two panels per workload, two workloads a row, the long prompts by answer length."""
     def answer_length(name: str) -> tuple[int, int]:
-        return (name.startswith("short"), results[name]["workload"].get("output_tokens", [64])[0])
+        # runs recorded before the workload named its answer length used --long-output
+        return (name.startswith("short"), results[name]["workload"].get("output_tokens", [long_output])[0])
 
     panels = {}
     for name in sorted((n for n in results if n != "machine"), key=answer_length):
