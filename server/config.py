@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 PREEMPTION_MODES = ("recompute", "swap", "auto")
@@ -70,22 +70,24 @@ class EngineConfig:
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"--kv-cache-memory-gib {self.kv_cache_memory_gib} must be > 0")
 
-    def resolve_lengths(self, model_max_len: int) -> None:
-        """Fill max_model_len / max_num_batched_tokens from the model and check them together."""
-        if self.max_model_len is None:
-            self.max_model_len = model_max_len
-        elif self.max_model_len > model_max_len:
+    def resolve_lengths(self, model_max_len: int) -> EngineConfig:
+        """A copy with max_model_len / max_num_batched_tokens filled from the model, both
+        checked together; the caller's config is left as it was."""
+        max_model_len = self.max_model_len
+        if max_model_len is None:
+            max_model_len = model_max_len
+        elif max_model_len > model_max_len:
             raise ConfigError(
-                f"--max-model-len {self.max_model_len} exceeds the model's context length {model_max_len}"
+                f"--max-model-len {max_model_len} exceeds the model's context length {model_max_len}"
             )
-        if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = (
-                2048 if self.enable_chunked_prefill else max(2048, self.max_model_len)
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            batched = 2048 if self.enable_chunked_prefill else max(2048, max_model_len)
+        if not self.enable_chunked_prefill and batched < max_model_len:
             raise ConfigError(
-                f"--max-num-batched-tokens {self.max_num_batched_tokens} is smaller than "
-                f"--max-model-len {self.max_model_len}; without chunked prefill a prompt of "
+                f"--max-num-batched-tokens {batched} is smaller than "
+                f"--max-model-len {max_model_len}; without chunked prefill a prompt of "
                 "max-model-len tokens could never be scheduled. Raise it, lower max-model-len, "
                 "or enable chunked prefill."
             )
+        return replace(self, max_model_len=max_model_len, max_num_batched_tokens=batched)

@@ -78,7 +78,7 @@ class LLMEngine:
             )
         self.model_config = loaded.config
         self.tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
-        config.resolve_lengths(loaded.config.max_position_embeddings)
+        self.config = config = config.resolve_lengths(loaded.config.max_position_embeddings)
         self.max_model_len = int(config.max_model_len)
         self.model = LlamaModel(loaded.config, loaded.weights, self.device, self.dtype, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0
@@ -104,6 +104,16 @@ class LLMEngine:
         self.detokenizers: dict[str, Detokenizer] = {}
         self.last_step = StepStats()
         self._ids = itertools.count()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: EngineConfig | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        loaded: LoadedModel | None = None,
+    ) -> LLMEngine:
+        """Load the model, plan memory, allocate the KV and swap pools, measure costs."""
+        return cls(config, progress, loaded)
 
     @property
     def model_name(self) -> str:
