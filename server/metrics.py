@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import prometheus_client
-from llmservice.server.api.messages import EngineStats
+from llmservice.server.engine.messages import EngineStats
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 TTFT_BUCKETS = [

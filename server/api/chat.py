@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from llmservice.server.api.messages import Delta
 from llmservice.server.api.params import chat_params
 from llmservice.server.api.protocol import ChatCompletionRequest
 from llmservice.server.api.serving import (
@@ -20,6 +19,7 @@ from llmservice.server.api.serving import (
     usage,
 )
 from llmservice.server.api.tokenizer_service import TokenizerService, message_dicts
+from llmservice.server.engine.outputs import Delta
 from starlette.requests import Request as HTTPRequest
 
 

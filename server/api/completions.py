@@ -7,7 +7,6 @@ import time
 from collections.abc import AsyncIterator
 
 from llmservice.server.api.errors import APIError
-from llmservice.server.api.messages import Delta
 from llmservice.server.api.params import completion_params
 from llmservice.server.api.protocol import CompletionRequest
 from llmservice.server.api.serving import (
@@ -21,6 +20,7 @@ from llmservice.server.api.serving import (
     usage,
 )
 from llmservice.server.api.tokenizer_service import TokenizerService
+from llmservice.server.engine.outputs import Delta
 from starlette.requests import Request as HTTPRequest
 
 

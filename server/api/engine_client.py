@@ -16,9 +16,10 @@ import threading
 import time
 from typing import Any
 
-from llmservice.server.api.engine_core import run_engine_core
 from llmservice.server.api.errors import APIError
-from llmservice.server.api.messages import (
+from llmservice.server.config import EngineConfig
+from llmservice.server.engine.core import run_engine_core
+from llmservice.server.engine.messages import (
     AbortRequests,
     AddRequest,
     EngineFailed,
@@ -27,7 +28,6 @@ from llmservice.server.api.messages import (
     Report,
     Shutdown,
 )
-from llmservice.server.config import EngineConfig
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.metrics import ServerMetrics
 

@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmservice.server.api.backpressure import admission_decision
 from llmservice.server.api.engine_client import EngineClient, EngineDeadError
 from llmservice.server.api.errors import APIError, error_body
-from llmservice.server.api.messages import Delta
 from llmservice.server.api.params import child_params
 from llmservice.server.api.tokenizer_service import TokenizerService
+from llmservice.server.engine.outputs import Delta
 from llmservice.server.engine.sampling_params import SamplingParams
 from starlette.requests import Request as HTTPRequest
 

@@ -90,9 +90,6 @@ class BlockManager:
         return hits, len(hits) * self.block_size
 
     # ---- allocation ------------------------------------------------------------------
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_free_blocks
-
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None
     ) -> bool:
@@ -151,9 +148,20 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Drop the request's references; its deepest blocks become the first evicted."""
         rid = request.request_id
-        held = self.req_blocks.pop(rid, [])
         self.req_num_hashed.pop(rid, None)
-        for block_id in reversed(held):
+        self._release(self.req_blocks.pop(rid, []), rid)
+
+    def truncate(self, request: Request) -> None:
+        """Free the blocks past the request's computed tokens (rejected draft tokens were
+        rolled back). Such blocks hold no cached prefix: only full blocks of computed
+        tokens are ever hashed."""
+        held = self.req_blocks.get(request.request_id, [])
+        keep = self.blocks_needed(request.num_computed_tokens)
+        self._release(held[keep:], request.request_id)
+        del held[keep:]
+
+    def _release(self, block_ids: list[int], rid: str) -> None:
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_cnt -= 1
             if block.ref_cnt < 0:
@@ -162,13 +170,6 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 if block.block_hash is None:
                     self.free_queue.move_to_end(block_id, last=False)
-
-    def reset_prefix_cache(self) -> None:
-        for block_id in list(self.free_queue):
-            block = self.blocks[block_id]
-            block.block_hash = None
-            block.key = None
-        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].ref_cnt > 0}
 
     def check_invariants(self) -> None:
         """Every block is either free (ref 0, in the queue) or held exactly ref_cnt times."""

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import ConfigError, EngineConfig
-from llmservice.server.engine import memory
+from llmservice.server.engine import memory, startup
 from llmservice.server.engine.block_manager import BlockManager
-from llmservice.server.engine.outputs import Detokenizer, RequestOutput
-from llmservice.server.engine.request import Request, RequestStatus
+from llmservice.server.engine.outputs import Delta, Detokenizer, RequestOutput
+from llmservice.server.engine.request import Request, RequestStatus, TokenLogprob
 from llmservice.server.engine.runner import ModelRunner
 from llmservice.server.engine.sampling_params import SamplingParams
-from llmservice.server.engine.scheduler import Scheduler, SchedulerOutput
-from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace, fit_costs
+from llmservice.server.engine.scheduler import Scheduler
+from llmservice.server.engine.step import SchedulerOutput
+from llmservice.server.engine.swap_space import PreemptionCosts
 from llmservice.server.model.llama import LlamaModel
 from llmservice.server.model.loaded import LoadedModel
 from llmservice.server.model.loader import load_model
@@ -41,66 +41,37 @@ class StepStats:
     num_generation_tokens: int = 0
     num_preempted: int = 0
     duration_s: float = 0.0
-    finished: list[Request] = field(default_factory=list)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        # bf16 matmul is ~50x slower than fp32 on AVX2 CPUs (research/tooling.md)
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 class LLMEngine:
     def __init__(
         self,
-        config: EngineConfig | None = None,
-        progress: Callable[[int, int], None] | None = None,
-        loaded: LoadedModel | None = None,
+        config: EngineConfig,
+        model: LlamaModel,
+        tokenizer: TextTokenizer,
+        memory_plan: memory.MemoryPlan,
+        load_seconds: float = 0.0,
     ):
-        """`loaded` lets tests and benchmarks build many engines from one parsed model."""
-        self.config = config = config or EngineConfig()
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        t0 = time.perf_counter()
-        if loaded is None:
-            loaded = load_model(
-                config.model, torch.float32 if self.device.type == "cpu" else self.dtype, progress,
-                load_format=config.load_format, device=self.device,
-            )
-        self.model_config = loaded.config
-        self.tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
-        self.config = config = config.resolve_lengths(loaded.config.max_position_embeddings)
+        """Cheap: wires the parts around an already-built model and a memory plan (the KV
+        and swap pools are allocated here). `from_config` does the loading and measuring."""
+        if config.max_model_len is None or config.max_num_batched_tokens is None:
+            raise ValueError("LLMEngine needs a config with resolved lengths (EngineConfig.resolve_lengths)")
+        self.config = config
+        self.model = model
+        self.model_config = model.config
+        self.device = model.device
+        self.dtype = model.dtype
+        self.tokenizer = tokenizer
         self.max_model_len = int(config.max_model_len)
-        self.model = LlamaModel(loaded.config, loaded.weights, self.device, self.dtype, self.max_model_len)
-        self.load_seconds = time.perf_counter() - t0
-        self.memory_plan = self._plan_memory()
-        log.info(self.memory_plan.describe())
-        if self.memory_plan.num_blocks * config.block_size < self.max_model_len:
-            raise ConfigError(
-                f"the KV cache holds {self.memory_plan.num_blocks * config.block_size} tokens, fewer than "
-                f"--max-model-len {self.max_model_len}; raise the KV memory or lower max-model-len"
-            )
-        self.block_manager = BlockManager(self.memory_plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(self.model, self.block_manager, config.seed)
-        self.swap_space, self.swap_pools = self._allocate_swap_space(kv_per_token_bytes=self.memory_plan.kv_bytes_per_token)
-        self.preemption_costs = self._measure_preemption_costs() if config.preemption_mode == "auto" else PreemptionCosts()
-        if config.preemption_mode == "auto":
-            c = self.preemption_costs
-            log.info(
-                "preemption cost model: recompute %.3g s/token (prefill %.0f tok/s) vs swap %.3g s + %.3g s/token "
-                "(copy %.2f GB/s)", c.recompute_s_per_token, c.prefill_tokens_per_s, c.swap_fixed_s,
-                c.swap_s_per_token, c.copy_bytes_per_s / 1e9,
-            )
-        self.scheduler = Scheduler(config, self.block_manager, self.swap_space, self.preemption_costs)
+        self.memory_plan = memory_plan
+        self.load_seconds = load_seconds
+        num_blocks = memory_plan.num_blocks
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.seed)
+        self.swap_space, self.swap_pools = startup.allocate_swap_space(
+            config, self.runner.kv_caches, memory_plan.kv_bytes_per_token
+        )
+        self.scheduler = Scheduler(config, self.block_manager, self.swap_space, PreemptionCosts())
         self.detokenizers: dict[str, Detokenizer] = {}
         self.last_step = StepStats()
         self._ids = itertools.count()
@@ -112,120 +83,49 @@ class LLMEngine:
         progress: Callable[[int, int], None] | None = None,
         loaded: LoadedModel | None = None,
     ) -> LLMEngine:
-        """Load the model, plan memory, allocate the KV and swap pools, measure costs."""
-        return cls(config, progress, loaded)
+        """Load the model, plan memory, allocate the KV and swap pools, and (for
+        `--preemption-mode auto`) time both preemption modes on this machine. `loaded`
+        lets tests and benchmarks build many engines from one parsed model."""
+        config = config or EngineConfig()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        device = startup.resolve_device(config.device)
+        dtype = startup.resolve_dtype(config.dtype, device)
+        t0 = time.perf_counter()
+        if loaded is None:
+            loaded = load_model(
+                config.model, torch.float32 if device.type == "cpu" else dtype, progress,
+                load_format=config.load_format, device=device,
+            )
+        config = config.resolve_lengths(loaded.config.max_position_embeddings)
+        max_model_len = int(config.max_model_len)
+        model = LlamaModel(loaded.config, loaded.weights, device, dtype, max_model_len)
+        load_seconds = time.perf_counter() - t0
+        plan = startup.plan_memory(config, model)
+        log.info(plan.describe())
+        if plan.num_blocks * config.block_size < max_model_len:
+            raise ConfigError(
+                f"the KV cache holds {plan.num_blocks * config.block_size} tokens, fewer than "
+                f"--max-model-len {max_model_len}; raise the KV memory or lower max-model-len"
+            )
+        tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
+        engine = cls(config, model, tokenizer, plan, load_seconds)
+        if config.preemption_mode == "auto":
+            engine.scheduler.costs = startup.measure_preemption_costs(
+                config, model, engine.runner.kv_caches, engine.swap_pools, plan.num_blocks,
+                engine.swap_space.num_blocks, plan.kv_bytes_per_token,
+            )
+        return engine
 
     @property
     def model_name(self) -> str:
         return self.config.served_model_name or self.config.model
 
-    # ---- memory ----------------------------------------------------------------------
-    def _plan_memory(self) -> memory.MemoryPlan:
-        cfg = self.config
-        kv_per_token = self.model_config.kv_bytes_per_token(torch.tensor([], dtype=self.dtype).element_size())
-        weights = self.model.weight_bytes()
-        if cfg.num_gpu_blocks_override:
-            plan = memory.plan_cpu(1.0, weights, kv_per_token, cfg.block_size, self.max_model_len)
-            plan.num_blocks = cfg.num_gpu_blocks_override
-            plan.budget_source = f"num_gpu_blocks_override {cfg.num_gpu_blocks_override}"
-            plan.device = self.device.type
-            return plan
-        if self.device.type == "cuda" and cfg.kv_cache_memory_gib is None:
-            total = torch.cuda.mem_get_info(self.device)[1]
-            return memory.plan_cuda(
-                total, cfg.gpu_memory_utilization, weights, self._profile_activation_peak(),
-                kv_per_token, cfg.block_size, self.max_model_len,
-            )
-        plan = memory.plan_cpu(cfg.kv_cache_memory_gib or 1.0, weights, kv_per_token, cfg.block_size, self.max_model_len)
-        plan.device = self.device.type
-        return plan
-
-    def _profile_activation_peak(self) -> int:
-        """Run one max-size prefill on a scratch KV pool and measure the memory beyond weights."""
-        from llmservice.kernels.metadata import AttentionMetadata
-        from llmservice.server.engine.runner import allocate_kv_caches
-
-        n = min(int(self.config.max_num_batched_tokens), self.max_model_len)
-        bs = self.config.block_size
-        nblocks = -(-n // bs)
-        caches = allocate_kv_caches(self.model, nblocks, bs)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.arange(n, device=dev),
-            block_tables=torch.arange(nblocks, dtype=torch.int32, device=dev)[None],
-            seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
-            query_lens=[n], seq_lens_host=[n], num_decodes=0, block_size=bs,
-        )
-        ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.model.forward(ids, torch.arange(n, device=dev), meta, caches, torch.arange(n, device=dev)[-1:])
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated(self.device) - base
-        del caches
-        torch.cuda.empty_cache()
-        return int(peak)
+    @property
+    def preemption_costs(self) -> PreemptionCosts:
+        return self.scheduler.costs
 
     # ---- swap ------------------------------------------------------------------------
-    def _allocate_swap_space(self, kv_per_token_bytes: int) -> tuple[SwapSpace, list[torch.Tensor]]:
-        """CPU pools mirroring the device pools, sized by --swap-space (only for swap/auto)."""
-        cfg = self.config
-        if cfg.preemption_mode == "recompute" or cfg.swap_space <= 0:
-            return SwapSpace(0), []
-        num_blocks = memory.blocks_for_budget(int(cfg.swap_space * memory.GIB), kv_per_token_bytes, cfg.block_size)
-        pin = self.device.type == "cuda"
-        pools = [
-            torch.zeros((num_blocks, *pool.shape[1:]), dtype=pool.dtype, pin_memory=pin)
-            for pool in kv_pools(self.runner.kv_caches)
-        ]
-        log.info("swap space: %d CPU blocks (%.2f GiB)", num_blocks, cfg.swap_space)
-        return SwapSpace(num_blocks), pools
-
-    def _measure_preemption_costs(self) -> PreemptionCosts:
-        """Time prefills and block round trips at two sizes each, so `auto` compares
-        this machine's real costs (fit_costs says how they are read)."""
-        from llmservice.server.model.llama import score_tokens
-
-        # A GPU needs sizes past launch overhead (prefills up to 1024 tokens, copies up to
-        # 256 blocks) for the slopes to mean anything; on a CPU both are linear early.
-        cuda = self.device.type == "cuda"
-        bs = self.config.block_size
-
-        def timed(fn, warm_up: bool = True) -> float:
-            # The warm-up runs at the timed size: first use compiles kernel variants and
-            # allocates pinned staging buffers (cudaHostAlloc, ms each, cached afterwards;
-            # an H200 run that timed them read 17 MB/s instead of GB/s).
-            if warm_up:
-                fn()
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if cuda:
-                torch.cuda.synchronize()
-            return max(time.perf_counter() - t0, 1e-9)
-
-        n = min(1024 if cuda else 128, self.max_model_len, int(self.config.max_num_batched_tokens))
-        ids = [(i * 7919) % self.model_config.vocab_size for i in range(n)]
-        small = max(n // 8, 1)
-        # a CPU needs no second warm-up: its cost is the time, and the small run warmed it
-        prefill = tuple((k, timed(lambda k=k: score_tokens(self.model, ids[:k], bs), warm_up=cuda or k == small))
-                        for k in (small, n))  # fmt: skip
-        round_trip = None
-        nblocks = min(256 if cuda else 16, self.block_manager.num_blocks, self.swap_space.num_blocks)
-        if nblocks >= 2:
-            device_pools = kv_pools(self.runner.kv_caches)
-
-            def swap_round_trip(m: int) -> None:
-                blocks = list(range(m))
-                copy_blocks(device_pools, self.swap_pools, blocks, blocks).wait()
-                copy_blocks(self.swap_pools, device_pools, blocks, blocks).wait()
-
-            round_trip = tuple((m * bs, timed(lambda m=m: swap_round_trip(m))) for m in (1, nblocks))
-        return fit_costs(prefill, round_trip, self.memory_plan.kv_bytes_per_token)
-
     def _do_swaps(self, sched: SchedulerOutput) -> None:
         device_pools = kv_pools(self.runner.kv_caches)
         if sched.swap_out:
@@ -298,7 +198,7 @@ class LLMEngine:
         req = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id, priority, arrival_time)
         if req.request_id in self.scheduler.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
-        self.detokenizers[req.request_id] = Detokenizer(self.tokenizer, req)
+        self.detokenizers[req.request_id] = Detokenizer(self.tokenizer, req.sampling_params)
         self.scheduler.add(req)
         return req
 
@@ -319,33 +219,33 @@ class LLMEngine:
         return len(self.scheduler.waiting)
 
     # ---- the loop ----------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[Delta]:
+        """One scheduler decision, run and sampled; a Delta for each request that got
+        tokens (or finished)."""
         t0 = time.perf_counter()
-        sched: SchedulerOutput = self.scheduler.schedule()
-        stats = StepStats(num_preempted=len(sched.preempted))
+        sched = self.scheduler.schedule()
+        stats = StepStats(num_preempted=len(sched.preempted_request_ids))
         self._do_swaps(sched)
+        result = self.runner.execute(sched)
         if sched.is_empty:
             self.last_step = stats
             return []
-        for req, n in sched.scheduled:
-            # prompt tokens computed this step (recompute after preemption counts as prompt work)
-            stats.num_prompt_tokens += max(0, min(req.num_prompt_tokens, req.num_computed_tokens + n) - req.num_computed_tokens)
-        tokens, logprobs = self.runner.execute(sched)
-        touched = self.scheduler.update(sched, tokens)
+        stats.num_prompt_tokens = sched.num_prompt_tokens
         stats.num_batched_tokens = sched.num_batched_tokens
-        stats.num_generation_tokens = len(tokens)
-        outputs = [self._make_output(req, logprobs.get(req.request_id)) for req in touched]
-        stats.finished = [req for req in touched if req.is_finished]
+        touched = self.scheduler.update(sched, result.tokens)
+        deltas = [self._make_delta(req, tokens, result.logprobs.get(req.request_id, [])) for req, tokens in touched]
+        stats.num_generation_tokens = sum(len(d.new_token_ids) for d in deltas)
         stats.duration_s = time.perf_counter() - t0
         self.last_step = stats
-        return outputs
+        return deltas
 
-    def _make_output(self, req: Request, lp) -> RequestOutput:
-        if lp is not None:
-            req.logprobs.append(lp)
+    def _make_delta(self, req: Request, new_tokens: list[int], logprobs: list[TokenLogprob]) -> Delta:
         detok = self.detokenizers.get(req.request_id)
         if detok is not None:
-            detok.update(req)
+            used = detok.update(new_tokens)
+            if used < len(new_tokens):
+                req.truncate_output(req.num_output_tokens - (len(new_tokens) - used))
+                new_tokens, logprobs = new_tokens[:used], logprobs[:used]
             if detok.hit_stop is not None and not req.is_finished:
                 req.stop_reason = detok.hit_stop
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
@@ -353,23 +253,17 @@ class LLMEngine:
         new_text = detok.take_new_text(finished) if detok else ""
         if finished:
             self.detokenizers.pop(req.request_id, None)
-        return RequestOutput(
+        return Delta(
             request_id=req.request_id,
-            prompt_token_ids=req.prompt_token_ids,
-            token_ids=list(req.output_token_ids),
-            new_token_ids=req.output_token_ids[-1:],
-            text=detok.text if detok else "",
+            new_token_ids=new_tokens,
             new_text=new_text,
+            new_logprobs=logprobs,
             finished=finished,
             finish_reason=req.status.value if finished else None,
             stop_reason=req.stop_reason,
-            new_logprobs=[lp] if lp is not None else [],
             num_cached_tokens=max(req.num_cached_tokens, 0),
             num_preemptions=req.num_preemptions,
-            arrival_time=req.arrival_time,
             first_scheduled_time=req.first_scheduled_time,
-            first_token_time=req.first_token_time,
-            finish_time=req.finish_time,
         )
 
     def generate(
@@ -380,16 +274,11 @@ class LLMEngine:
         """Offline: run all prompts to completion; results in input order."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
-        ids = []
+        results: dict[str, RequestOutput] = {}
         for prompt, sp in zip(prompts, params, strict=True):
-            ids.append(self.add_request(prompt, sp).request_id)
-        final: dict[str, RequestOutput] = {}
+            req = self.add_request(prompt, sp)
+            results[req.request_id] = RequestOutput(req.request_id, list(req.prompt_token_ids))
         while self.has_unfinished_requests():
-            for out in self.step():
-                if out.finished:
-                    final[out.request_id] = out
-        return [final[i] for i in ids]
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0))
+            for delta in self.step():
+                results[delta.request_id].add(delta)
+        return list(results.values())

@@ -53,7 +53,7 @@ class Request:
     finish_time: float | None = None
     block_hashes: list[int] = field(default_factory=list)
     swap_blocks: list[int] = field(default_factory=list)  # CPU swap-pool blocks while SWAPPED
-    logprobs: list[TokenLogprob] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens the next step verifies
     stop_reason: int | str | None = None
 
     def __post_init__(self) -> None:
@@ -80,8 +80,16 @@ class Request:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop output tokens past the first num_output_tokens (a stop string ended there)."""
+        drop = self.num_output_tokens - num_output_tokens
+        if drop > 0:
+            del self.output_token_ids[num_output_tokens:]
+            del self.all_token_ids[len(self.all_token_ids) - drop :]
+
     def check_stop(self, max_model_len: int) -> RequestStatus | None:
-        """Token-level stop rules, checked after each sampled token (stop strings are text-level)."""
+        """Token-level stop rules for the last output token; called once per appended token,
+        however many a step brings (stop strings are text-level: the detokenizer's)."""
         last = self.output_token_ids[-1]
         sp = self.sampling_params
         if self.num_output_tokens >= sp.min_tokens:

@@ -1,18 +1,22 @@
-"""Turns a scheduler decision into tensors, runs the model, samples. Makes no policy.
+"""Turns a plain-data step (`step.SchedulerOutput`) into tensors, runs the model, samples.
+Makes no policy, and reads nothing of the scheduler's: it keeps its own copy of each
+request's block table and sampling parameters, updated by what each step says changed.
 
 Layout of a step's flat batch: decodes (one new token) first, then prefill chunks, as
-`AttentionMetadata` describes; logits are computed only for requests whose computed
-tokens catch up with their total this step (a partial prefill chunk samples nothing).
+`AttentionMetadata` describes; logits are computed only for requests whose step reaches
+the end of their known tokens (a partial prefill chunk samples nothing).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from llmservice.kernels.metadata import AttentionMetadata
-from llmservice.server.engine.block_manager import BlockManager
-from llmservice.server.engine.request import Request, TokenLogprob
-from llmservice.server.engine.sampler import Sampler
-from llmservice.server.engine.scheduler import SchedulerOutput
+from llmservice.server.engine.request import TokenLogprob
+from llmservice.server.engine.sampler import Sampler, SampleRow
+from llmservice.server.engine.sampling_params import SamplingParams
+from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
 from llmservice.server.model.llama import LlamaModel
 
 
@@ -26,18 +30,44 @@ def allocate_kv_caches(model: LlamaModel, num_blocks: int, block_size: int) -> l
     ]
 
 
+@dataclass
+class RunnerRequest:
+    """What the runner remembers of a request between steps."""
+
+    sampling_params: SamplingParams
+    block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepResult:
+    """Per request that sampled: its new tokens (one, or accepted drafts plus one) and logprobs."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, block_manager: BlockManager, seed: int = 0):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0):
         self.model = model
-        self.bm = block_manager
-        self.block_size = block_manager.block_size
-        self.kv_caches = allocate_kv_caches(model, block_manager.num_blocks, self.block_size)
+        self.block_size = block_size
+        self.kv_caches = allocate_kv_caches(model, num_blocks, block_size)
         self.sampler = Sampler(seed)
         self.device = model.device
+        self.requests: dict[str, RunnerRequest] = {}
 
-    def prepare(self, scheduled: list[tuple[Request, int]]):
+    def _apply_changes(self, out: SchedulerOutput) -> None:
+        for rid in out.finished_request_ids:
+            self.requests.pop(rid, None)
+        for rid, params in out.new_requests.items():
+            self.requests[rid] = RunnerRequest(params)
+        for s in out.scheduled:
+            if s.spec_token_ids:
+                raise NotImplementedError("speculative tokens need a verifier, and this runner has none yet")
+            self.requests[s.request_id].block_ids[s.block_table_start :] = s.new_block_ids
+
+    def prepare(self, scheduled: list[ScheduledRequest]):
         bs = self.block_size
-        order = sorted(scheduled, key=lambda item: item[1] != 1)  # decodes first, stable
+        order = sorted(scheduled, key=lambda s: s.num_tokens != 1)  # decodes first, stable
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -45,20 +75,20 @@ class ModelRunner:
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         logits_rows: list[int] = []
-        sample_reqs: list[Request] = []
-        for req, n in order:
-            start = req.num_computed_tokens
-            end = start + n
-            blocks = self.bm.block_ids(req.request_id)
-            input_ids.extend(req.all_token_ids[start:end])
+        sample_rows: list[tuple[str, SampleRow]] = []
+        for s in order:
+            start, end = s.start_position, s.end_position
+            state = self.requests[s.request_id]
+            blocks = state.block_ids
+            input_ids.extend(s.token_ids)
             positions.extend(range(start, end))
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
-            query_lens.append(n)
+            query_lens.append(s.num_tokens)
             seq_lens.append(end)
             tables.append(blocks)
-            if end == req.num_tokens:
+            if s.sample:
                 logits_rows.append(len(input_ids) - 1)
-                sample_reqs.append(req)
+                sample_rows.append((s.request_id, SampleRow(state.sampling_params, s.output_index)))
         width = max(len(t) for t in tables)
         table_tensor = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         starts = [0]
@@ -78,16 +108,19 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         rows = torch.tensor(logits_rows, dtype=torch.int64, device=dev)
-        return ids, pos, meta, rows, sample_reqs
+        return ids, pos, meta, rows, sample_rows
 
-    def execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
-        ids, pos, meta, rows, sample_reqs = self.prepare(out.scheduled)
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        self._apply_changes(out)
+        result = StepResult()
+        if out.is_empty:
+            return result
+        ids, pos, meta, rows, sample_rows = self.prepare(out.scheduled)
         logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
-        tokens: dict[str, int] = {}
-        logprobs: dict[str, TokenLogprob] = {}
-        if sample_reqs:
-            for req, (token, lp) in zip(sample_reqs, self.sampler(logits, sample_reqs), strict=True):
-                tokens[req.request_id] = token
+        if sample_rows:
+            sampled = self.sampler(logits, [row for _, row in sample_rows])
+            for (rid, _), (token, lp) in zip(sample_rows, sampled, strict=True):
+                result.tokens[rid] = [token]
                 if lp is not None:
-                    logprobs[req.request_id] = lp
-        return tokens, logprobs
+                    result.logprobs[rid] = [lp]
+        return result

@@ -6,8 +6,11 @@ samples do not depend on what else is in the batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from llmservice.server.engine.request import Request, TokenLogprob
+from llmservice.server.engine.request import TokenLogprob
+from llmservice.server.engine.sampling_params import SamplingParams
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -24,38 +27,46 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
+@dataclass(frozen=True)
+class SampleRow:
+    """What sampling one logits row needs: the request's parameters and which output
+    token this is (seeded requests draw from a generator seeded by that position)."""
+
+    params: SamplingParams
+    output_index: int = 0
+
+
 class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[tuple[int, TokenLogprob | None]]:
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[tuple[int, TokenLogprob | None]]:
         # Argmax where the logits are; only the rows that sample or want logprobs cross to
         # the host. On a GPU the whole [batch, vocab] block is ~70 MB per step at batch
         # 139 of Llama-3's 128k vocabulary, and a host argmax over it costs more than a
         # decode step's weight reads.
         tokens = logits.argmax(dim=-1).tolist()
-        wanted = [row for row, req in enumerate(requests)
-                  if not req.sampling_params.greedy or req.sampling_params.logprobs is not None]
+        wanted = [i for i, row in enumerate(rows) if not row.params.greedy or row.params.logprobs is not None]
         host_rows: dict[int, torch.Tensor] = {}
         if wanted:
             # a batch that samples throughout is moved whole: no gather copy first
-            picked = logits if len(wanted) == len(requests) else logits[torch.tensor(wanted, device=logits.device)]
+            picked = logits if len(wanted) == len(rows) else logits[torch.tensor(wanted, device=logits.device)]
             picked = picked.float().cpu()
             host_rows = dict(zip(wanted, picked, strict=True))
         results: list[tuple[int, TokenLogprob | None]] = []
-        for row, req in enumerate(requests):
-            sp = req.sampling_params
-            token = tokens[row]
+        for i, row in enumerate(rows):
+            sp = row.params
+            token = tokens[i]
             if not sp.greedy:
-                scaled = _filter_top_k_top_p(host_rows[row] / sp.temperature, sp.top_k, sp.top_p)
+                scaled = _filter_top_k_top_p(host_rows[i] / sp.temperature, sp.top_k, sp.top_p)
                 probs = scaled.softmax(-1)
                 gen = self.generator
                 if sp.seed is not None:
-                    gen = torch.Generator().manual_seed(hash((sp.seed, req.num_output_tokens)) & (2**63 - 1))
+                    gen = torch.Generator().manual_seed(hash((sp.seed, row.output_index)) & (2**63 - 1))
                 token = int(torch.multinomial(probs, 1, generator=gen).item())
             lp = None
             if sp.logprobs is not None:
-                logp = host_rows[row].log_softmax(-1)
+                logp = host_rows[i].log_softmax(-1)
                 top = []
                 if sp.logprobs > 0:
                     values, ids = torch.topk(logp, sp.logprobs)

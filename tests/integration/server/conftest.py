@@ -166,4 +166,4 @@ def offline_engine(_main_server_spawned):
     from llmservice.server.config import EngineConfig
     from llmservice.server.engine.engine import LLMEngine
 
-    return LLMEngine(EngineConfig(max_model_len=512, kv_cache_memory_gib=0.05, num_threads=1))
+    return LLMEngine.from_config(EngineConfig(max_model_len=512, kv_cache_memory_gib=0.05, num_threads=1))

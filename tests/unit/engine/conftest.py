@@ -22,7 +22,7 @@ def make_engine(smollm):
     def make(**overrides) -> LLMEngine:
         overrides.setdefault("max_model_len", 1024)
         overrides.setdefault("num_threads", 1)
-        return LLMEngine(EngineConfig(**overrides), loaded=smollm)
+        return LLMEngine.from_config(EngineConfig(**overrides), loaded=smollm)
 
     return make
 

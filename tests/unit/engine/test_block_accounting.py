@@ -34,7 +34,7 @@ def make_scheduler(
 
 def run_step(sched: Scheduler, token: int) -> None:
     out = sched.schedule()
-    sampled = {r.request_id: token for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens}
+    sampled = {s.request_id: [token] for s in out.scheduled if s.sample}
     sched.update(out, sampled)
 
 
@@ -102,12 +102,12 @@ def test_shared_prefix_blocks_are_shared_and_ref_counted():
     b = Request("b", prefix + [9, 9], SamplingParams(max_tokens=4), max_tokens=4)
     sched.add(b)
     out = sched.schedule()
-    scheduled = dict((r.request_id, n) for r, n in out.scheduled)
+    scheduled = {s.request_id: s.num_tokens for s in out.scheduled}
     assert b.num_cached_tokens == 64 and scheduled["b"] == 2  # only the suffix is computed
     shared = sched.bm.block_ids("a")[:4]
     assert sched.bm.block_ids("b")[:4] == shared
     assert all(sched.bm.blocks[x].ref_cnt == 2 for x in shared)
-    sched.update(out, {"a": 5, "b": 5})
+    sched.update(out, {"a": [5], "b": [5]})
     sched.abort("a")
     assert all(sched.bm.blocks[x].ref_cnt == 1 for x in shared)
     sched.abort("b")
@@ -140,17 +140,17 @@ def test_prefix_of_1000_tokens_is_computed_once(make_engine):
     prefix = [(i * 31) % 40000 + 100 for i in range(1000)]
     first = eng.add_request(prefix + [11, 12, 13], SP(temperature=0, max_tokens=3))
     out = eng.scheduler.schedule()
-    assert dict((r.request_id, n) for r, n in out.scheduled)[first.request_id] == 1003
-    eng.scheduler.update(out, eng.runner.execute(out)[0])
+    assert {s.request_id: s.num_tokens for s in out.scheduled}[first.request_id] == 1003
+    eng.scheduler.update(out, eng.runner.execute(out).tokens)
     second = eng.add_request(prefix + [21, 22], SP(temperature=0, max_tokens=3))
     out = eng.scheduler.schedule()
-    computed = dict((r.request_id, n) for r, n in out.scheduled)
+    computed = {s.request_id: s.num_tokens for s in out.scheduled}
     assert second.num_cached_tokens == 992  # 62 full blocks of 16; the rest is computed
     assert computed[second.request_id] == 1002 - 992
     shared = eng.block_manager.block_ids(first.request_id)[:62]
     assert eng.block_manager.block_ids(second.request_id)[:62] == shared
     assert all(eng.block_manager.blocks[b].ref_cnt == 2 for b in shared)
-    eng.scheduler.update(out, eng.runner.execute(out)[0])
+    eng.scheduler.update(out, eng.runner.execute(out).tokens)
     while eng.has_unfinished_requests():
         eng.step()
     eng.block_manager.check_invariants()

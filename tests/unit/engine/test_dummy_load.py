@@ -51,7 +51,7 @@ def test_config_only_directory_loads_dummy_but_not_auto(config_only_dir):
 
 
 def test_engine_serves_a_dummy_model(config_only_dir):
-    eng = LLMEngine(EngineConfig(model=str(config_only_dir), load_format="dummy", max_model_len=256,
+    eng = LLMEngine.from_config(EngineConfig(model=str(config_only_dir), load_format="dummy", max_model_len=256,
                                  kv_cache_memory_gib=0.01, num_threads=1))  # fmt: skip
     out = eng.generate(["Hello there"], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))[0]
     assert len(out.token_ids) == 9 and all(0 <= t < 49152 for t in out.token_ids)

@@ -48,10 +48,8 @@ def run_stream(sched: Scheduler, clock: FakeClock, seconds: float, low_priority_
         sched.add(request(f"p0-{n}", 0, clock.now))
         n += 1
         out = sched.schedule()
-        sched.update(out, {r.request_id: 3 for r, k in out.scheduled if r.num_computed_tokens + k == r.num_tokens})
-        for r, _ in out.scheduled:
-            if r.is_finished:
-                order.append(r.request_id)
+        finished = [r for r, _ in sched.update(out, {s.request_id: [3] for s in out.scheduled if s.sample}) if r.is_finished]
+        order.extend(r.request_id for r in finished)
         clock.now += STEP_S
     return (low.finish_time if low is not None and low.is_finished else None), order
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
-from llmservice.server.engine.request import Request
-from llmservice.server.engine.sampler import Sampler
+from llmservice.server.engine.sampler import Sampler, SampleRow
 from llmservice.server.engine.sampling_params import SamplingParams
 
 
-def _request(sp: SamplingParams) -> Request:
-    return Request(request_id="r", prompt_token_ids=[1, 2], sampling_params=sp, max_tokens=4)
+def _request(sp: SamplingParams) -> SampleRow:
+    return SampleRow(sp, output_index=0)
 
 
 def test_mixed_batch_gets_each_row_its_own_treatment():

@@ -16,7 +16,7 @@ def record_schedules(engine):
 
     def wrapped():
         out = original()
-        seen.append(([(r.request_id, n) for r, n in out.scheduled], len(engine.scheduler.running)))
+        seen.append(([(s.request_id, s.num_tokens) for s in out.scheduled], len(engine.scheduler.running)))
         return out
 
     engine.scheduler.schedule = wrapped

@@ -22,7 +22,7 @@ from llmservice.server.engine.sampling_params import SamplingParams
 def _engine(**overrides) -> LLMEngine:
     config = dict(max_model_len=256, kv_cache_memory_gib=0.05, num_threads=1, block_size=16)
     config.update(overrides)
-    return LLMEngine(EngineConfig(**config))
+    return LLMEngine.from_config(EngineConfig(**config))
 
 
 def _generate(engine, prompts, max_tokens):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmservice.server.api.messages import EngineStats
+from llmservice.server.engine.messages import EngineStats
 from llmservice.server.metrics import (
     ITERATION_TOKENS_BUCKETS,
     REQUEST_LATENCY_BUCKETS,

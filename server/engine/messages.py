@@ -1,0 +1,94 @@
+"""The small data structures that cross the boundary between the API process and the
+engine-core process.
+
+Everything here is a plain dataclass so it pickles cheaply. A report's outputs are the
+engine's own per-step `Delta`s (outputs.py): only what is new, never the whole sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmservice.server.engine.outputs import Delta
+from llmservice.server.engine.sampling_params import SamplingParams
+
+# ---- API process -> engine core ---------------------------------------------------------
+
+
+@dataclass
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    arrival_time: float = 0.0  # time.monotonic() in the API process (CLOCK_MONOTONIC is system-wide)
+
+
+@dataclass
+class AbortRequests:
+    request_ids: list[str]
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# ---- engine core -> API process ---------------------------------------------------------
+
+
+@dataclass
+class EngineReady:
+    """Sent once the weights are loaded and the KV cache is allocated."""
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    gpu_memory_utilization: float
+    memory_plan: str
+    load_seconds: float
+    scheduling_policy: str
+
+
+@dataclass
+class EngineFailed:
+    """The engine could not start, or a step raised: the process is going away."""
+
+    message: str
+
+
+@dataclass
+class Rejected:
+    """The engine refused a request (e.g. prompt + max_tokens > max_model_len)."""
+
+    request_id: str
+    message: str
+    status: int = 400
+
+
+@dataclass
+class EngineStats:
+    """Engine-wide state after a step (gauges) and cumulative counts (counters)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    kv_cache_usage: float = 0.0
+    cpu_cache_usage: float = 0.0
+    num_preemptions: int = 0  # cumulative
+    prefix_queries: int = 0  # cumulative, tokens
+    prefix_hits: int = 0  # cumulative, tokens
+    step_tokens: int | None = None  # tokens computed in this step; None when no step ran
+
+
+@dataclass
+class Report:
+    """One message per engine-loop iteration: admissions, per-request deltas, stats."""
+
+    stats: EngineStats
+    accepted: list[str] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+    deltas: list[Delta] = field(default_factory=list)
