@@ -1,0 +1,155 @@
+"""The expensive half of building an engine: device choice, the memory plan (a profiled
+prefill on CUDA), the CPU swap pools, and timing the two preemption modes.
+
+`LLMEngine.from_config` calls these; tests build a plain `LLMEngine` without them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from llmservice.kernels.swap import copy_blocks, kv_pools
+from llmservice.server.config import EngineConfig
+from llmservice.server.engine import memory
+from llmservice.server.engine.runner import allocate_kv_caches
+from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace, fit_costs
+from llmservice.server.model.llama import LlamaModel, score_tokens
+
+log = logging.getLogger("llmservice.engine")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # bf16 matmul is far slower than fp32 on AVX2 CPUs (measured ~50x on our build machines)
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def plan_memory(config: EngineConfig, model: LlamaModel) -> memory.MemoryPlan:
+    """How many KV blocks to allocate: an override, the CUDA budget after a profiled
+    prefill, or the explicit CPU budget (default 1 GiB)."""
+    kv_per_token = model.config.kv_bytes_per_token(torch.tensor([], dtype=model.dtype).element_size())
+    weights = model.weight_bytes()
+    max_model_len = int(config.max_model_len)
+    device = model.device
+    if config.num_gpu_blocks_override:
+        plan = memory.plan_cpu(1.0, weights, kv_per_token, config.block_size, max_model_len)
+        plan.num_blocks = config.num_gpu_blocks_override
+        plan.budget_source = f"num_gpu_blocks_override {config.num_gpu_blocks_override}"
+        plan.device = device.type
+        return plan
+    if device.type == "cuda" and config.kv_cache_memory_gib is None:
+        total = torch.cuda.mem_get_info(device)[1]
+        return memory.plan_cuda(
+            total, config.gpu_memory_utilization, weights, profile_activation_peak(config, model),
+            kv_per_token, config.block_size, max_model_len,
+        )
+    plan = memory.plan_cpu(config.kv_cache_memory_gib or 1.0, weights, kv_per_token, config.block_size, max_model_len)
+    plan.device = device.type
+    return plan
+
+
+def profile_activation_peak(config: EngineConfig, model: LlamaModel) -> int:
+    """Run one max-size prefill on a scratch KV pool and measure the memory beyond weights."""
+    from llmservice.kernels.metadata import AttentionMetadata
+
+    n = min(int(config.max_num_batched_tokens), int(config.max_model_len))
+    bs = config.block_size
+    nblocks = -(-n // bs)
+    caches = allocate_kv_caches(model, nblocks, bs)
+    dev = model.device
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(n, device=dev),
+        block_tables=torch.arange(nblocks, dtype=torch.int32, device=dev)[None],
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
+        query_lens=[n], seq_lens_host=[n], num_decodes=0, block_size=bs,
+    )
+    ids = torch.zeros(n, dtype=torch.int64, device=dev)
+    model.forward(ids, torch.arange(n, device=dev), meta, caches, torch.arange(n, device=dev)[-1:])
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated(dev) - base
+    del caches
+    torch.cuda.empty_cache()
+    return int(peak)
+
+
+def allocate_swap_space(
+    config: EngineConfig, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], kv_per_token_bytes: int
+) -> tuple[SwapSpace, list[torch.Tensor]]:
+    """CPU pools mirroring the device pools, sized by --swap-space (only for swap/auto)."""
+    if config.preemption_mode == "recompute" or config.swap_space <= 0:
+        return SwapSpace(0), []
+    num_blocks = memory.blocks_for_budget(int(config.swap_space * memory.GIB), kv_per_token_bytes, config.block_size)
+    device_pools = kv_pools(kv_caches)
+    pin = device_pools[0].device.type == "cuda"
+    pools = [torch.zeros((num_blocks, *pool.shape[1:]), dtype=pool.dtype, pin_memory=pin) for pool in device_pools]
+    log.info("swap space: %d CPU blocks (%.2f GiB)", num_blocks, config.swap_space)
+    return SwapSpace(num_blocks), pools
+
+
+def measure_preemption_costs(
+    config: EngineConfig,
+    model: LlamaModel,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    swap_pools: list[torch.Tensor],
+    num_device_blocks: int,
+    num_swap_blocks: int,
+    kv_bytes_per_token: int,
+) -> PreemptionCosts:
+    """Time prefills and block round trips at two sizes each, so `auto` compares
+    this machine's real costs (fit_costs says how they are read)."""
+    # A GPU needs sizes past launch overhead (prefills up to 1024 tokens, copies up to
+    # 256 blocks) for the slopes to mean anything; on a CPU both are linear early.
+    cuda = model.device.type == "cuda"
+    bs = config.block_size
+
+    def timed(fn, warm_up: bool = True) -> float:
+        # The warm-up runs at the timed size: first use compiles kernel variants and
+        # allocates pinned staging buffers (cudaHostAlloc, ms each, cached afterwards;
+        # an H200 run that timed them read 17 MB/s instead of GB/s).
+        if warm_up:
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return max(time.perf_counter() - t0, 1e-9)
+
+    n = min(1024 if cuda else 128, int(config.max_model_len), int(config.max_num_batched_tokens))
+    ids = [(i * 7919) % model.config.vocab_size for i in range(n)]
+    small = max(n // 8, 1)
+    # a CPU needs no second warm-up: its cost is the time, and the small run warmed it
+    prefill = tuple((k, timed(lambda k=k: score_tokens(model, ids[:k], bs), warm_up=cuda or k == small))
+                    for k in (small, n))  # fmt: skip
+    round_trip = None
+    nblocks = min(256 if cuda else 16, num_device_blocks, num_swap_blocks)
+    if nblocks >= 2:
+        device_pools = kv_pools(kv_caches)
+
+        def swap_round_trip(m: int) -> None:
+            blocks = list(range(m))
+            copy_blocks(device_pools, swap_pools, blocks, blocks).wait()
+            copy_blocks(swap_pools, device_pools, blocks, blocks).wait()
+
+        round_trip = tuple((m * bs, timed(lambda m=m: swap_round_trip(m))) for m in (1, nblocks))
+    costs = fit_costs(prefill, round_trip, kv_bytes_per_token)
+    log.info(
+        "preemption cost model: recompute %.3g s/token (prefill %.0f tok/s) vs swap %.3g s + %.3g s/token "
+        "(copy %.2f GB/s)", costs.recompute_s_per_token, costs.prefill_tokens_per_s, costs.swap_fixed_s,
+        costs.swap_s_per_token, costs.copy_bytes_per_s / 1e9,
+    )
+    return costs
