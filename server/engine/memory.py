@@ -1,12 +1,12 @@
 """KV cache memory plan (pure): how many blocks fit, and what that means for concurrency.
 
-Seed mistake 4: a large max_model_len silently caps how many sequences fit. The plan
+The README's fourth batching mistake: a large max_model_len silently caps how many sequences fit. The plan
 states it at start-up: 'N blocks, M concurrent sequences at max_model_len'.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 GIB = 1 << 30
 
@@ -31,12 +31,6 @@ class MemoryPlan:
     def max_concurrent_at_max_len(self) -> int:
         blocks_per_seq = -(-self.max_model_len // self.block_size)
         return self.num_blocks // blocks_per_seq
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["kv_cache_bytes"] = self.kv_cache_bytes
-        d["max_concurrent_at_max_len"] = self.max_concurrent_at_max_len
-        return d
 
     def describe(self) -> str:
         return (

@@ -9,7 +9,7 @@ priority (vLLM semantics): lower value first, arrival breaks ties; the victim is
   1.0/s a priority-10 request is served before every priority-0 request that arrived
   more than 10 s after it. Its wait is therefore bounded by 10 s plus the time to serve
   the higher-priority work that arrived in those 10 s, however long the stream lasts.
-max_queue_delay_ms (seed 003's T_max): a request that has waited longer than this is
+max_queue_delay_ms (a bound on queueing delay): a request that has waited longer than this is
   admitted before every request that has not, oldest first, whatever the policy.
 """
 

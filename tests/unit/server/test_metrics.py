@@ -1,4 +1,4 @@
-"""The metric contract (DESIGN.md §5): vLLM's names, types, labels and buckets."""
+"""The metric contract (README, "Metric contract"): vLLM's names, types, labels and buckets."""
 
 from __future__ import annotations
 
