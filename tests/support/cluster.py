@@ -97,7 +97,9 @@ class Cluster:
         if self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
         if self._runner is not None:
-            self._runner.result(timeout=30)
+            # The kubelet stops its pods' processes (5 s grace, then SIGKILL) before this
+            # resolves; under load a server process can take long to reap.
+            self._runner.result(timeout=120)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()
