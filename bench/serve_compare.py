@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 import httpx
-from llmservice.server.bench.client import HealthProbe, build_payload, run_load
-from llmservice.server.bench.datasets import make_prompts
-from llmservice.server.bench.stats import percentile, summarize
+from llmservice.server.loadgen.client import HealthProbe, build_payload, run_load
+from llmservice.server.loadgen.datasets import make_prompts
+from llmservice.server.loadgen.stats import percentile, summarize
 from llmservice.server.model.registry import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,7 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from llmservice.server.bench.cli import run_bench_serve
+    from llmservice.server.loadgen.cli import run_bench_serve
 
     return run_bench_serve(args)
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmservice")
     sub = parser.add_subparsers(dest="command", required=True)
     from llmservice.server.api.launch import add_serve_args
-    from llmservice.server.bench.cli import add_bench_serve_args
+    from llmservice.server.loadgen.cli import add_bench_serve_args
 
     serve = sub.add_parser("serve", help="OpenAI-compatible server (continuous batching engine)")
     add_serve_args(serve)

@@ -6,9 +6,9 @@ import math
 import statistics
 
 import pytest
-from llmservice.server.bench.arrivals import arrival_offsets
-from llmservice.server.bench.datasets import make_prompts
-from llmservice.server.bench.stats import RequestResult, parse_goodput, percentile, summarize
+from llmservice.server.loadgen.arrivals import arrival_offsets
+from llmservice.server.loadgen.datasets import make_prompts
+from llmservice.server.loadgen.stats import RequestResult, parse_goodput, percentile, summarize
 
 
 def test_arrivals_span_n_over_rate_with_mean_gap_one_over_rate():

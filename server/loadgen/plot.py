@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmservice.server.bench.stats import RequestResult
+from llmservice.server.loadgen.stats import RequestResult
 
 PANELS = (
     ("TTFT", lambda rs: [r.ttft for r in rs]),

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 
 import httpx
-from llmservice.server.bench.arrivals import arrival_offsets
-from llmservice.server.bench.datasets import BenchPrompt
-from llmservice.server.bench.stats import RequestResult
+from llmservice.server.loadgen.arrivals import arrival_offsets
+from llmservice.server.loadgen.datasets import BenchPrompt
+from llmservice.server.loadgen.stats import RequestResult
 
 
 def build_payload(endpoint: str, model: str, p: BenchPrompt, temperature: float, extra: dict) -> dict:

@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from llmservice.server.bench.datasets import DATASETS
+from llmservice.server.loadgen.datasets import DATASETS
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
@@ -65,9 +65,9 @@ def format_summary(s: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> tuple[dict, list]:
-    from llmservice.server.bench.client import HealthProbe, build_payload, run_load
-    from llmservice.server.bench.datasets import make_prompts
-    from llmservice.server.bench.stats import parse_goodput, percentile, summarize
+    from llmservice.server.loadgen.client import HealthProbe, build_payload, run_load
+    from llmservice.server.loadgen.datasets import make_prompts
+    from llmservice.server.loadgen.stats import parse_goodput, percentile, summarize
     from tqdm import tqdm
 
     slos = parse_goodput(args.goodput)
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list]:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
-    from llmservice.server.bench.stats import parse_goodput
+    from llmservice.server.loadgen.stats import parse_goodput
 
     try:
         parse_goodput(args.goodput)
@@ -120,7 +120,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         data = {**summary, "requests": [vars(r) for r in results]}
         Path(args.result_file).write_text(json.dumps(data, indent=2, default=str))
     if args.plot:
-        from llmservice.server.bench.plot import plot_cdfs
+        from llmservice.server.loadgen.plot import plot_cdfs
 
         plot_cdfs({args.base_url: results}, args.plot, title=f"{args.dataset}, rate {args.request_rate}")
     return 0 if summary["completed"] else 1

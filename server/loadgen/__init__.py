@@ -1,0 +1,1 @@
+"""The load generator behind `llmservice bench serve`: it ships with the server."""
