@@ -46,4 +46,4 @@ if [[ "${1:-}" == "--unit" ]]; then
   TRITON_INTERPRET=0 exec timeout 295 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
     --rootdir "$ROOT" "$ROOT"/tests/unit/kernels/test_triton_*.py
 fi
-timeout 295 "$PY" -m llmservice.kernels.bench "$@"
+timeout 295 "$PY" "$ROOT/bench/kernel_bench.py" "$@"

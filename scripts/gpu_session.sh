@@ -58,7 +58,7 @@ if [[ $DRY == 1 ]]; then
   stage kernel_tests 300 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" -x "$ROOT/tests/unit/kernels/test_swap.py" "$ROOT/tests/unit/kernels/test_triton_norm.py"
   stage seed_preemption 300 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/smollm2-135m-shape" --load-format dummy \
     --device cpu --long-prompt 200 --long-requests 3 --long-kv-requests 2 --long-output 8 --short-requests 4 --short-output 20 --out "$RES"
-  stage kernel_bench 300 "$PY" -m llmservice.kernels.bench --smoke --out "$RES"
+  stage kernel_bench 300 "$PY" "$ROOT/bench/kernel_bench.py" --smoke --out "$RES"
   stage offline_throughput 300 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/smollm2-135m-shape" --load-format dummy \
     --device cpu --num-requests 8 --hf-requests 4 --hf-batches 4 --out "$RES"
   exit 0
@@ -73,7 +73,7 @@ wait
 stage seed_preemption 300 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/llama3-8b-shape" --load-format dummy \
   --device cuda --warmup --repeats 2 --long-prompt 2500 --long-requests 24 --long-kv-requests 2.5 --long-output 128 \
   --short-requests 48 --short-output 192 --max-num-batched-tokens 2048 --swap-space 8 --out "$RES"
-stage kernel_bench 60 "$PY" -m llmservice.kernels.bench --budget-s 50 --out "$RES"
+stage kernel_bench 60 "$PY" "$ROOT/bench/kernel_bench.py" --budget-s 50 --out "$RES"
 stage offline_throughput 90 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/llama3-8b-shape" --load-format dummy \
   --device cuda --num-requests 512 --max-num-seqs 256 --kv-cache-memory-gib 16 --hf-requests 128 --hf-batches 64 --out "$RES"
 ls -la "$RES"
