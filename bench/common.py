@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 from llmservice.server.config import EngineConfig
-from llmservice.server.engine.engine import LLMEngine, resolve_device, resolve_dtype
+from llmservice.server.engine.engine import LLMEngine
 from llmservice.server.engine.sampling_params import SamplingParams
+from llmservice.server.engine.startup import resolve_device, resolve_dtype
+from llmservice.server.loadgen.stats import percentile
 from llmservice.server.model.loader import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -80,7 +82,7 @@ def engine(**overrides) -> LLMEngine:
     overrides.setdefault("device", CHOICE.device)
     overrides.setdefault("dtype", CHOICE.dtype)
     overrides.setdefault("model", CHOICE.model)
-    return LLMEngine(EngineConfig(**overrides), loaded=setup())
+    return LLMEngine.from_config(EngineConfig(**overrides), loaded=setup())
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -144,14 +146,6 @@ def drive(eng: LLMEngine, schedule: list[tuple[float, list[int], SamplingParams]
     return trace
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
-    return values[k]
-
-
 def saturated_mean_running(trace: Trace) -> float:
     """Time-weighted mean of running requests over the steps where others were waiting."""
     total = sum(d for d, _ in trace.saturated_steps)
@@ -166,12 +160,12 @@ def summary(trace: Trace) -> dict:
         "max_running": trace.max_running,
         "mean_running": statistics.fmean(trace.running_samples) if trace.running_samples else 0.0,
         "saturated_mean_running": saturated_mean_running(trace),
-        "ttft_p50_s": pct(trace.ttft(), 50),
-        "ttft_p99_s": pct(trace.ttft(), 99),
-        "itl_p50_s": pct(trace.itl(), 50),
-        "itl_p99_s": pct(trace.itl(), 99),
-        "latency_p50_s": pct(trace.latency(), 50),
-        "latency_p99_s": pct(trace.latency(), 99),
+        "ttft_p50_s": percentile(trace.ttft(), 50),
+        "ttft_p99_s": percentile(trace.ttft(), 99),
+        "itl_p50_s": percentile(trace.itl(), 50),
+        "itl_p99_s": percentile(trace.itl(), 99),
+        "latency_p50_s": percentile(trace.latency(), 50),
+        "latency_p99_s": percentile(trace.latency(), 99),
         "latency_mean_s": statistics.fmean(trace.latency()) if trace.latency() else float("nan"),
     }
 

@@ -16,18 +16,14 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
+import common
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import common  # noqa: E402
-from llmservice.server.config import EngineConfig  # noqa: E402
-from llmservice.server.engine.engine import LLMEngine  # noqa: E402
-from llmservice.server.engine.sampling_params import SamplingParams  # noqa: E402
-from workloads import sharegpt_like  # noqa: E402
+from llmservice.server.config import EngineConfig
+from llmservice.server.engine.engine import LLMEngine
+from llmservice.server.engine.sampling_params import SamplingParams
+from workloads import sharegpt_like
 
 
 def gemm_shapes(cfg) -> list[tuple[int, int]]:
@@ -67,7 +63,7 @@ def _sync(device: str) -> None:
 
 
 def run_engine(loaded, workload, max_num_seqs: int, device: str = "cpu", kv_gib: float = 2.0) -> dict:
-    engine = LLMEngine(
+    engine = LLMEngine.from_config(
         EngineConfig(max_model_len=1024, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
                      kv_cache_memory_gib=kv_gib, device=device),
         loaded=loaded,

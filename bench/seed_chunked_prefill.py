@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import common  # noqa: E402
+import common
+from llmservice.server.loadgen.stats import percentile
 
 
 def main() -> None:
@@ -41,10 +39,10 @@ def main() -> None:
         key = "chunked_on" if chunked else "chunked_off"
         results[key] = {
             "max_num_batched_tokens": budget,
-            "decoder_itl_p50_s": common.pct(itl, 50),
-            "decoder_itl_p99_s": common.pct(itl, 99),
+            "decoder_itl_p50_s": percentile(itl, 50),
+            "decoder_itl_p99_s": percentile(itl, 99),
             "decoder_itl_max_s": max(itl),
-            "p99_over_p50": common.pct(itl, 99) / common.pct(itl, 50),
+            "p99_over_p50": percentile(itl, 99) / percentile(itl, 50),
             "run": common.summary(trace),
         }
         r = results[key]

@@ -41,7 +41,7 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 def generate(loaded, kernels: str, **cfg) -> tuple[list[list[int]], LLMEngine]:
     use_kernels(kernels)
     config = dict(device=DEVICE, dtype="float32", max_model_len=1024, kv_cache_memory_gib=1.0, model="dummy")
-    eng = LLMEngine(EngineConfig(**(config | cfg)), loaded=loaded)
+    eng = LLMEngine.from_config(EngineConfig(**(config | cfg)), loaded=loaded)
     outs = eng.generate(prompts(12), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     return [o.token_ids for o in outs], eng
 
