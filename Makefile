@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml setup.py
 
 install: $(STAMP)
 
-# The fast tier plus the real control-plane tier (built first, cached outside the repo:
-# a fresh machine compiles it once, ~10 min on 2 idle cores; see docs/control-plane.md).
+# Every tier but the opt-in e2e scenario: fast, slow and the real control plane (built
+# first, cached outside the repo: a fresh machine compiles it once, ~10 min on 2 idle
+# cores; see docs/control-plane.md). CI runs this.
 test: install control-plane
-	LLMSERVICE_REQUIRE_CLUSTER=1 LLMSERVICE_REQUIRE_HELM=1 $(PYTEST) -m "not slow" tests
+	LLMSERVICE_REQUIRE_CLUSTER=1 LLMSERVICE_REQUIRE_HELM=1 $(PYTEST) -m "not e2e" tests
 
+# The long scenarios alone (already part of `make test`)
 test-slow: install
 	$(PYTEST) -m slow tests
 
@@ -65,9 +67,10 @@ $(PEERS_VENV)/.llama-cpp-python:
 bench-peers: install $(PEERS_VENV)/.llama-cpp-python
 	$(PY) bench/serve_compare.py --llama-venv $(PEERS_VENV)
 
-# Autoscaler end to end: real server pods, preemptions -> 1 -> 3 -> 1 replicas (~3-6 min on 2 cores)
+# Autoscaler end to end: real server pods, preemptions -> 1 -> 3 -> 1 replicas (~3-6 min on 2 cores);
+# writes bench/results/autoscale_e2e.{json,png}
 e2e: install
-	$(PY) bench/autoscale_e2e.py
+	$(PYTEST) -m e2e -s tests/e2e
 
 # The user's path on kind: images, helm install, a CPU-only LLMService, a completion.
 # Needs Docker, kind, helm and kubectl; not runnable on machines without a Docker engine.
