@@ -55,6 +55,20 @@ def test_a_step_holds_only_plain_data_and_the_runner_needs_nothing_else(make_eng
     assert eng.runner.requests == {}
 
 
+def _two_at_a_time(real_execute, script: dict[str, list[int]]):
+    """A runner that hands back the next two tokens of each request's script per step."""
+
+    def execute(out: SchedulerOutput):
+        result = real_execute(out)
+        positions = {s.request_id: s.output_index for s in out.scheduled}
+        for rid in result.tokens:
+            k = positions[rid]
+            result.tokens[rid] = script[rid][k : k + 2]
+        return result
+
+    return execute
+
+
 def _stop_completed_at_even_token(tokenizer, answer: list[int]) -> str:
     """A stop string whose last character comes with an even-indexed answer token: the
     first of a two-token step, so the step's second token must be dropped."""
@@ -84,17 +98,7 @@ def test_stop_rules_hold_when_a_step_brings_two_tokens(make_engine, engine):
         expected = make_engine().generate(PROMPTS, params)
         eng = make_engine()
         script: dict[str, list[int]] = {}
-        real_execute = eng.runner.execute
-
-        def two_at_a_time(out: SchedulerOutput):
-            result = real_execute(out)
-            positions = {s.request_id: s.output_index for s in out.scheduled}
-            for rid in result.tokens:
-                k = positions[rid]
-                result.tokens[rid] = script[rid][k : k + 2]
-            return result
-
-        eng.runner.execute = two_at_a_time
+        eng.runner.execute = _two_at_a_time(eng.runner.execute, script)
         ids = []
         for i, prompt in enumerate(PROMPTS):
             req = eng.add_request(prompt, params)
