@@ -13,7 +13,7 @@ def _demo(args: argparse.Namespace) -> int:
     from llmservice.server.engine.engine import LLMEngine
     from llmservice.server.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=args.model, max_model_len=2048))
+    engine = LLMEngine.from_config(EngineConfig(model=args.model, max_model_len=2048))
     prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     t0 = time.perf_counter()
     out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=args.max_tokens))[0]
