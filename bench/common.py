@@ -138,8 +138,8 @@ def drive(eng: LLMEngine, schedule: list[tuple[float, list[int], SamplingParams]
         if eng.num_waiting:
             trace.saturated_steps.append((stamp - started, eng.num_running))
         for out in outs:
-            trace.token_times[out.request_id].append(stamp)
-            trace.output_tokens += 1
+            trace.token_times[out.request_id].extend([stamp] * len(out.new_token_ids))
+            trace.output_tokens += len(out.new_token_ids)
         if on_step:
             on_step(eng)
     trace.elapsed = time.perf_counter() - t0

@@ -75,7 +75,7 @@ def run_engine(loaded, workload, max_num_seqs: int, device: str = "cpu", kv_gib:
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
         outs = engine.step()
-        generated += len(outs)
+        generated += sum(len(o.new_token_ids) for o in outs)
         st = engine.last_step
         if st.num_prompt_tokens == 0 and st.num_batched_tokens >= 64:
             ctx = statistics.fmean(r.num_tokens for r in engine.scheduler.running) if engine.scheduler.running else 0
