@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kmock
+from llmservice.operator import admission
 
-from tests.support import patches, schema
+from tests.support import patches
 from tests.support.selectors import fields_match, labels_match
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -343,14 +344,14 @@ class Store:
             )
         if kind.schema is None:
             return obj
-        stored, errors = schema.admit(kind.schema, obj, old)
+        stored, errors = admission.admit(kind.schema, obj, old)
         if errors:
             raise self._invalid(kind, name, [str(e) for e in errors], errors)
         return stored
 
     @staticmethod
     def _invalid(
-        kind: Kind, name: str, messages: list[str], errors: list[schema.FieldError] | None = None
+        kind: Kind, name: str, messages: list[str], errors: list[admission.FieldError] | None = None
     ) -> ApiError:
         group = kind.resource.group
         what = f"{kind.kind}.{group}" if group else kind.kind

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 import yaml
+from llmservice.operator.admission import admit
 
-from tests.support.schema import admit
 from tests.unit.chart.helm import (
     CHART,
     K8S_VERSION,

@@ -1,6 +1,6 @@
 """The CRD's defaults, bounds and CEL rules, applied as the API server applies them.
 
-`tests.support.schema` prunes, defaults and validates (OpenAPI + CEL through cel-python)
+`llmservice.operator.admission` prunes, defaults and validates (OpenAPI + CEL through cel-python)
 exactly like the emulator's write path; the integration tests cover the HTTP side.
 """
 
@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from llmservice.operator.admission import admit
 from llmservice.operator.spec import EngineSpec, LLMServiceSpec, ResourcesSpec
-
-from tests.support.schema import admit
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = yaml.safe_load((ROOT / "crds/llmservice.yaml").read_text())

@@ -13,10 +13,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from llmservice.operator.admission import admit
 from llmservice.operator.render import DEFAULT_SERVER_IMAGE, Owner, render, selector_string
 from llmservice.operator.spec import LLMServiceSpec
-
-from tests.support.schema import admit
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"

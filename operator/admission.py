@@ -5,6 +5,10 @@ Order per write: prune unknown fields -> apply defaults -> validate (OpenAPI key
 apimachinery field-error format, e.g.
 `spec.autoscaling: Invalid value: "object": autoscaling.minReplicas must be <= ...`.
 Not emulated: CEL cost budgets, `format` checks, list-type uniqueness, ratcheting.
+
+`llmservice operator render` admits objects with it offline, and the tests' API emulator
+on every write. Pruning, defaults and the OpenAPI keywords are plain Python; only the CEL
+rules need cel-python, imported when the first rule runs (CELUnavailable if missing).
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ import functools
 import json
 import re
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
-
-import celpy
 
 ROOT_KEEP = ("apiVersion", "kind", "metadata")
 
@@ -215,9 +218,25 @@ def _check_keywords(schema: dict[str, Any], value: Any, path: str) -> list[Field
 # ---------------------------------------------------------------- CEL
 
 
+class CELUnavailable(RuntimeError):
+    """The schema has CEL rules and cel-python is not installed."""
+
+
+@functools.cache
+def _celpy() -> ModuleType:
+    try:
+        import celpy
+    except ImportError as exc:
+        raise CELUnavailable(
+            "the CRD's validation rules (x-kubernetes-validations) need cel-python: "
+            "pip install 'cel-python>=0.2'"
+        ) from exc
+    return celpy
+
+
 @functools.lru_cache(maxsize=512)
 def _program(expression: str) -> Any:
-    env = celpy.Environment()
+    env = _celpy().Environment()
     return env.program(env.compile(expression))
 
 
@@ -250,7 +269,11 @@ def _cel_type(schema: dict[str, Any]) -> str:
 
 def _run_rules(schema: dict[str, Any], value: Any, old: Any, path: str) -> list[FieldError]:
     errors: list[FieldError] = []
-    for rule in schema.get("x-kubernetes-validations", []):
+    rules = schema.get("x-kubernetes-validations", [])
+    if not rules:
+        return errors
+    celpy = _celpy()
+    for rule in rules:
         expression = rule["rule"]
         uses_old = re.search(r"\boldSelf\b", expression) is not None
         if uses_old and old is None:
