@@ -36,6 +36,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _operator(argv: list[str]) -> int:
+    if argv[:1] == ["render"]:  # offline: no kopf import
+        from llmservice.operator.render_cli import main as render_main
+
+        return render_main(argv[1:])
     from llmservice.operator.cli import main as operator_main
 
     return operator_main(argv)
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return _operator(argv[1:])
     parser = argparse.ArgumentParser(prog="llmservice")
     sub = parser.add_subparsers(dest="command", required=True)
-    from llmservice.server.api.launch import add_serve_args
+    from llmservice.server.cli_args import add_serve_args
     from llmservice.server.loadgen.cli import add_bench_serve_args
 
     serve = sub.add_parser("serve", help="OpenAI-compatible server (continuous batching engine)")
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("model", nargs="?", default="builtin:smollm2-135m")
     demo.add_argument("--prompt", default="What is the capital of France?")
     demo.add_argument("--max-tokens", type=int, default=64)
-    sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    sub.add_parser("operator", help="run the Kubernetes operator (kopf); `operator render -f FILE` prints its manifests")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo(args)

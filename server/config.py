@@ -1,14 +1,32 @@
-"""Engine arguments: one dataclass, vLLM's names, validated up front with clear messages."""
+"""Every `llmservice serve` option, defined once: vLLM's flag names, defaults, help text
+and the LLMService field each one is set from (see argspec.py for the metadata).
+
+Two dataclasses, one module: `EngineConfig` is what the engine core process receives and
+validates; `ServerArgs` holds what only the API process uses (where to listen, the queue
+bound, the drain, the tokenizer pool) and what the engine never sees (tensor parallel
+size is decided by capabilities.py before an engine exists). argparse, the operator's
+rendered command and the CRD contract test all read both from here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+from llmservice.server.argspec import CRDDefault, arg, first
+from llmservice.server.model.registry import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: random weights of the model's shape (benchmarks)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+CPU_KV_CACHE_GIB = 1.0  # the KV budget on CPU when --kv-cache-memory-gib is unset
+
+_FROM_MODEL = (
+    "the server's default is the model's context length, unknown to the API server; "
+    "a concrete default keeps the operator's VRAM check able to plan"
+)
 
 
 class ConfigError(ValueError):
@@ -17,28 +35,70 @@ class ConfigError(ValueError):
 
 @dataclass
 class EngineConfig:
-    model: str = "builtin:smollm2-135m"
-    served_model_name: str | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    load_format: str = "auto"
-    block_size: int = 16
-    max_model_len: int | None = None
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 128
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
-    swap_space: float = 4.0  # GiB of CPU memory for swapped-out KV blocks
-    gpu_memory_utilization: float = 0.90
-    kv_cache_memory_gib: float | None = None  # CPU: explicit KV budget (default 1 GiB)
-    num_gpu_blocks_override: int | None = None  # tests and benchmarks: exact pool size
-    scheduling_policy: str = "fcfs"
-    max_queue_delay_ms: float | None = None
-    priority_aging_per_s: float = 1.0  # effective priority improves by this much per waiting second
-    seed: int = 0
-    num_threads: int | None = None
-    extra: dict = field(default_factory=dict)
+    model: str = arg(
+        DEFAULT_MODEL, "model",
+        "builtin:NAME, a .gguf file or an HF model directory (default %(default)s)",
+        nargs="?", crd="model.source",
+        crd_default=CRDDefault(None, "required: every LLMService names its model"),
+    )
+    served_model_name: str | None = arg(
+        None, "--served-model-name",
+        "name(s) clients use in `model`; the first is reported (default: the model reference)",
+        nargs="+", from_cli=first, crd="model.servedName",
+    )
+    dtype: str = arg("auto", "--dtype", "weights and activations; auto: bfloat16 on GPU, float32 on CPU",
+                     choices=DTYPES, crd="engine.dtype")
+    device: str = arg("auto", "--device", "auto, cpu, cuda or cuda:N")
+    load_format: str = arg(
+        "auto", "--load-format",
+        "dummy: random weights of the model's shape, for benchmarks (needs only config + tokenizer)",
+        choices=LOAD_FORMATS,
+    )
+    block_size: int = arg(16, "--block-size", "tokens per KV cache block",
+                          type=int, choices=BLOCK_SIZES, crd="engine.blockSize")
+    max_model_len: int | None = arg(
+        None, "--max-model-len", "prompt + output tokens of one request (default: the model's)",
+        type=int, crd="engine.maxModelLen", crd_default=CRDDefault(4096, _FROM_MODEL),
+    )
+    max_num_batched_tokens: int | None = arg(
+        None, "--max-num-batched-tokens",
+        "token budget of one engine step (default: 2048, or max-model-len without chunked prefill)",
+        type=int, crd="engine.maxNumBatchedTokens", crd_default=CRDDefault(8192, _FROM_MODEL),
+    )
+    max_num_seqs: int = arg(128, "--max-num-seqs", "sequences running at once",
+                            type=int, crd="engine.maxNumSeqs")
+    enable_prefix_caching: bool = arg(True, "--enable-prefix-caching",
+                                      "share the KV cache of common prompt prefixes",
+                                      type=bool, crd="engine.enablePrefixCaching")
+    enable_chunked_prefill: bool = arg(True, "--enable-chunked-prefill",
+                                       "split long prompts across steps, interleaved with decodes",
+                                       type=bool, crd="engine.enableChunkedPrefill")
+    preemption_mode: str = arg("recompute", "--preemption-mode",
+                               "what happens to a request evicted when KV blocks run out",
+                               choices=PREEMPTION_MODES, crd="engine.preemptionMode")
+    swap_space: float = arg(4.0, "--swap-space", "GiB of CPU memory for swapped KV blocks",
+                            type=float, crd="engine.swapSpaceGiB")
+    gpu_memory_utilization: float = arg(0.90, "--gpu-memory-utilization",
+                                        "share of the GPU's memory the engine may use",
+                                        type=float, crd="resources.gpuMemoryUtilization")
+    kv_cache_memory_gib: float | None = arg(
+        None, "--kv-cache-memory-gib",
+        f"explicit KV cache budget (CPU default {CPU_KV_CACHE_GIB:g} GiB; on CUDA overrides the profiled plan)",
+        type=float, crd="engine.kvCacheMemoryGiB",
+    )
+    num_gpu_blocks_override: int | None = arg(None, "--num-gpu-blocks-override",
+                                              "exact KV pool size", type=int, hidden=True)
+    scheduling_policy: str = arg("fcfs", "--scheduling-policy",
+                                 "admission order: fcfs, or priority (lower first, with aging)",
+                                 choices=SCHEDULING_POLICIES, crd="engine.schedulingPolicy")
+    max_queue_delay_ms: float | None = arg(None, "--max-queue-delay-ms",
+                                           "a request waiting longer is admitted ahead of policy order",
+                                           type=float, crd="engine.maxQueueDelayMs")
+    priority_aging_per_s: float = arg(1.0, "--priority-aging-per-s",
+                                      "with --scheduling-policy priority: how much a request's "
+                                      "priority improves per second it waits", type=float)
+    seed: int = arg(0, "--seed", "sampling seed", type=int)
+    num_threads: int | None = arg(None, "--num-threads", "torch CPU threads of the engine", type=int)
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -69,6 +129,8 @@ class EngineConfig:
             raise ConfigError(f"--swap-space {self.swap_space} must be >= 0")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"--kv-cache-memory-gib {self.kv_cache_memory_gib} must be > 0")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
 
     def resolve_lengths(self, model_max_len: int) -> EngineConfig:
         """A copy with max_model_len / max_num_batched_tokens filled from the model, both
@@ -91,3 +153,36 @@ class EngineConfig:
                 "or enable chunked prefill."
             )
         return replace(self, max_model_len=max_model_len, max_num_batched_tokens=batched)
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    host: str = arg("0.0.0.0", "--host", "address to listen on")
+    port: int = arg(8000, "--port", "port to listen on", type=int)
+    max_waiting_requests: int = arg(
+        1024, "--max-waiting-requests",
+        "past this many waiting requests new ones get 503 + Retry-After (0: unbounded)",
+        type=int, crd="engine.maxWaitingRequests",
+    )
+    shutdown_grace_seconds: float = arg(
+        30.0, "--shutdown-grace-seconds",
+        "on SIGTERM, how long in-flight requests may run before they are aborted",
+        type=float, crd="engine.shutdownGraceSeconds",
+    )
+    tensor_parallel_size: int = arg(1, "--tensor-parallel-size", "GPUs one replica shards the model over",
+                                    type=int, aliases=("-tp",), crd="engine.tensorParallelSize")
+    download_dir: str | None = arg(None, "--download-dir",
+                                   "directory relative model paths are looked up in")
+    tokenizer_workers: int = arg(2, "--tokenizer-workers",
+                                 "threads for tokenization off the event loop", type=int)
+    log_level: str = arg("info", "--log-level", "log level", choices=LOG_LEVELS)
+
+    def __post_init__(self) -> None:
+        if self.max_waiting_requests < 0:
+            raise ConfigError(f"--max-waiting-requests {self.max_waiting_requests} must be >= 0")
+        if self.shutdown_grace_seconds < 0:
+            raise ConfigError(f"--shutdown-grace-seconds {self.shutdown_grace_seconds} must be >= 0")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"--tensor-parallel-size {self.tensor_parallel_size} must be >= 1")
+        if self.tokenizer_workers < 1:
+            raise ConfigError(f"--tokenizer-workers {self.tokenizer_workers} must be >= 1")
