@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmservice.operator.spec import API_VERSION, KIND, LLMServiceSpec
+from llmservice.server.cli_args import BY_NAME, to_argv
 
-PORT = 8000
+PORT = BY_NAME["port"].default  # the server's default; rendered explicitly all the same
 CONTAINER = "server"
 MODELS_MOUNT = "/models"
 CACHE_MOUNT = "/models-cache"
@@ -67,10 +68,6 @@ def endpoint(owner: Owner) -> str:
     return f"http://{owner.name}.{owner.namespace}.svc:{PORT}/v1"
 
 
-def _fmt(value: float) -> str:
-    return f"{value:g}"
-
-
 def render(
     owner: Owner,
     spec: LLMServiceSpec,
@@ -105,52 +102,51 @@ def _metadata(owner: Owner) -> dict[str, Any]:
     }
 
 
-def model_argument(spec: LLMServiceSpec) -> tuple[str, list[str]]:
-    """The MODEL positional of `llmservice serve` and any flags the source needs."""
+def model_argument(spec: LLMServiceSpec) -> tuple[str, dict[str, Any]]:
+    """The MODEL positional of `llmservice serve` and any options the source needs."""
     source = spec.model.source
     if source.startswith("pvc://"):
         _, _, path = source.removeprefix("pvc://").partition("/")
-        return f"{MODELS_MOUNT}/{path}".rstrip("/"), []
+        return f"{MODELS_MOUNT}/{path}".rstrip("/"), {}
     if source.startswith("hf://"):
-        return source, ["--download-dir", CACHE_MOUNT]
-    return source, []
+        return source, {"download_dir": CACHE_MOUNT}
+    return source, {}
+
+
+def server_options(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> dict[str, Any]:
+    """The `llmservice serve` options of the pods, by their server/config.py names, in
+    the order the golden files pin; the server's `to_argv` spells the flags."""
+    e = spec.engine
+    model, source_options = model_argument(spec)
+    return {
+        "model": model,
+        "served_model_name": spec.model.served_name or owner.name,
+        "host": "0.0.0.0",
+        "port": PORT,
+        "block_size": e.block_size,
+        "max_model_len": e.max_model_len,
+        "max_num_batched_tokens": e.max_num_batched_tokens,
+        "max_num_seqs": e.max_num_seqs,
+        "enable_prefix_caching": e.enable_prefix_caching,
+        "enable_chunked_prefill": e.enable_chunked_prefill,
+        "preemption_mode": e.preemption_mode,
+        "swap_space": e.swap_space_gib,
+        "gpu_memory_utilization": min(spec.resources.gpu_memory_utilization, max_utilization),
+        "scheduling_policy": e.scheduling_policy,
+        "dtype": e.dtype,
+        "max_waiting_requests": e.max_waiting_requests,
+        "shutdown_grace_seconds": e.shutdown_grace_seconds,
+        "tensor_parallel_size": e.tensor_parallel_size,
+        "kv_cache_memory_gib": e.kv_cache_memory_gib,  # None: left out
+        "max_queue_delay_ms": e.max_queue_delay_ms,
+        **source_options,
+    }
 
 
 def server_args(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> list[str]:
-    """`llmservice serve` arguments; flag names are vLLM's (server/cli.py)."""
-    e = spec.engine
-    model, source_flags = model_argument(spec)
-
-    def switch(flag: str, on: bool) -> str:
-        return f"--{flag}" if on else f"--no-{flag}"
-
-    utilization = min(spec.resources.gpu_memory_utilization, max_utilization)
-    args = [
-        "serve",
-        model,
-        "--served-model-name", spec.model.served_name or owner.name,
-        "--host", "0.0.0.0",
-        "--port", str(PORT),
-        "--block-size", str(e.block_size),
-        "--max-model-len", str(e.max_model_len),
-        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
-        "--max-num-seqs", str(e.max_num_seqs),
-        switch("enable-prefix-caching", e.enable_prefix_caching),
-        switch("enable-chunked-prefill", e.enable_chunked_prefill),
-        "--preemption-mode", e.preemption_mode,
-        "--swap-space", _fmt(e.swap_space_gib),
-        "--gpu-memory-utilization", _fmt(utilization),
-        "--scheduling-policy", e.scheduling_policy,
-        "--dtype", e.dtype,
-        "--max-waiting-requests", str(e.max_waiting_requests),
-        "--shutdown-grace-seconds", str(e.shutdown_grace_seconds),
-        "--tensor-parallel-size", str(e.tensor_parallel_size),
-    ]  # fmt: skip
-    if e.kv_cache_memory_gib is not None:
-        args += ["--kv-cache-memory-gib", _fmt(e.kv_cache_memory_gib)]
-    if e.max_queue_delay_ms is not None:
-        args += ["--max-queue-delay-ms", str(e.max_queue_delay_ms)]
-    return args + source_flags + list(e.extra_args)
+    """`llmservice serve` arguments: the options above, then spec.engine.extraArgs as given."""
+    argv = to_argv(server_options(owner, spec, max_utilization))
+    return ["serve", *argv, *spec.engine.extra_args]
 
 
 def _volumes(spec: LLMServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -252,7 +248,7 @@ def render_pod_spec(
     tolerations += list(sched.tolerations)
     pod: dict[str, Any] = {
         # Above the server's drain so in-flight requests finish before SIGKILL.
-        "terminationGracePeriodSeconds": e.shutdown_grace_seconds + 15,
+        "terminationGracePeriodSeconds": math.ceil(e.shutdown_grace_seconds) + 15,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 1000,

@@ -2,7 +2,8 @@
 
 The API server fills defaults from `crds/llmservice.yaml` before the operator ever sees
 an object; the defaults here only matter for objects stored before a default existed.
-A unit test keeps both lists of defaults identical.
+The engine fields that are `llmservice serve` options take their CRD name and default
+from the server's own definition (server/config.py); tests keep the CRD equal to both.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmservice.operator.catalog import Architecture
+from llmservice.server.cli_args import BY_NAME
 
 GROUP = "llmservice.dev"
 VERSION = "v1alpha1"
@@ -79,27 +81,60 @@ def _architecture(data: dict[str, Any], parameter_count: int | None) -> Architec
     )
 
 
+# EngineSpec field -> the `llmservice serve` option it sets (server/config.py names the
+# option's CRD field and default). The CRD's other engine fields are the operator's own.
+SERVER_OPTIONS = {
+    "block_size": "block_size",
+    "max_model_len": "max_model_len",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_num_seqs": "max_num_seqs",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "preemption_mode": "preemption_mode",
+    "swap_space_gib": "swap_space",
+    "scheduling_policy": "scheduling_policy",
+    "dtype": "dtype",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "kv_cache_memory_gib": "kv_cache_memory_gib",
+    "max_waiting_requests": "max_waiting_requests",
+    "max_queue_delay_ms": "max_queue_delay_ms",
+    "shutdown_grace_seconds": "shutdown_grace_seconds",
+}
+OPERATOR_ENGINE_FIELDS = ("image", "imagePullPolicy", "startupTimeoutSeconds", "extraArgs", "env")
+
+
+def crd_key(option: str) -> str:
+    """`block_size` -> `blockSize`, the option's field under spec.engine."""
+    crd = BY_NAME[option].arg.crd
+    assert crd and crd.startswith("engine."), option
+    return crd.removeprefix("engine.")
+
+
+def _default(option: str) -> Any:
+    return BY_NAME[option].crd_default
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     # None: the operator's --server-image (the CRD has no default, so a cluster-wide
     # image set by the Helm chart applies to every object that does not pin its own).
     image: str | None = None
     image_pull_policy: str = "IfNotPresent"
-    block_size: int = 16
-    max_model_len: int = 4096
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 128
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
-    swap_space_gib: float = 4.0
-    scheduling_policy: str = "fcfs"
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    kv_cache_memory_gib: float | None = None
-    max_waiting_requests: int = 1024
-    max_queue_delay_ms: int | None = None
-    shutdown_grace_seconds: int = 30
+    block_size: int = _default("block_size")
+    max_model_len: int = _default("max_model_len")
+    max_num_batched_tokens: int = _default("max_num_batched_tokens")
+    max_num_seqs: int = _default("max_num_seqs")
+    enable_prefix_caching: bool = _default("enable_prefix_caching")
+    enable_chunked_prefill: bool = _default("enable_chunked_prefill")
+    preemption_mode: str = _default("preemption_mode")
+    swap_space_gib: float = _default("swap_space")
+    scheduling_policy: str = _default("scheduling_policy")
+    dtype: str = _default("dtype")
+    tensor_parallel_size: int = _default("tensor_parallel_size")
+    kv_cache_memory_gib: float | None = _default("kv_cache_memory_gib")
+    max_waiting_requests: int = _default("max_waiting_requests")
+    max_queue_delay_ms: float | None = _default("max_queue_delay_ms")
+    shutdown_grace_seconds: float = _default("shutdown_grace_seconds")
     startup_timeout_seconds: int = 900
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -107,28 +142,22 @@ class EngineSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:
         d = cls()
+        options = {
+            name: _get(data, crd_key(option), getattr(d, name))
+            for name, option in SERVER_OPTIONS.items()
+        }
         return cls(
             image=_get(data, "image", None) or None,
             image_pull_policy=_get(data, "imagePullPolicy", d.image_pull_policy),
-            block_size=_get(data, "blockSize", d.block_size),
-            max_model_len=_get(data, "maxModelLen", d.max_model_len),
-            max_num_batched_tokens=_get(data, "maxNumBatchedTokens", d.max_num_batched_tokens),
-            max_num_seqs=_get(data, "maxNumSeqs", d.max_num_seqs),
-            enable_prefix_caching=_get(data, "enablePrefixCaching", d.enable_prefix_caching),
-            enable_chunked_prefill=_get(data, "enableChunkedPrefill", d.enable_chunked_prefill),
-            preemption_mode=_get(data, "preemptionMode", d.preemption_mode),
-            swap_space_gib=float(_get(data, "swapSpaceGiB", d.swap_space_gib)),
-            scheduling_policy=_get(data, "schedulingPolicy", d.scheduling_policy),
-            dtype=_get(data, "dtype", d.dtype),
-            tensor_parallel_size=_get(data, "tensorParallelSize", d.tensor_parallel_size),
-            kv_cache_memory_gib=_get(data, "kvCacheMemoryGiB", None),
-            max_waiting_requests=_get(data, "maxWaitingRequests", d.max_waiting_requests),
-            max_queue_delay_ms=_get(data, "maxQueueDelayMs", None),
-            shutdown_grace_seconds=_get(data, "shutdownGraceSeconds", d.shutdown_grace_seconds),
+            **options,
             startup_timeout_seconds=_get(data, "startupTimeoutSeconds", d.startup_timeout_seconds),
             extra_args=tuple(_get(data, "extraArgs", ())),
             env=tuple((e["name"], str(e.get("value", ""))) for e in _get(data, "env", ())),
         )
+
+    def server_options(self) -> dict[str, Any]:
+        """The `llmservice serve` options this spec sets, by their server/config.py names."""
+        return {option: getattr(self, name) for name, option in SERVER_OPTIONS.items()}
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from llmservice.operator.catalog import CATALOG, Architecture, lookup
 from llmservice.operator.spec import LLMServiceSpec
+from llmservice.server.config import CPU_KV_CACHE_GIB
 
 GIB = 1024**3
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 FIXED_OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS workspaces, CUDA graphs
 TENSOR_PARALLEL_OVERHEAD_GIB = 0.5  # NCCL buffers when TP > 1
-CPU_DEFAULT_KV_GIB = 1.0  # the server's default --kv-cache-memory-gib
 
 
 def dtype_bytes(dtype: str, on_gpu: bool) -> int:
@@ -188,7 +188,7 @@ def check_fit(spec: LLMServiceSpec, max_utilization: float = 0.95) -> FitResult:
         block_size=engine.block_size,
     )
     if not on_gpu:
-        return _cpu_fit(shape, engine.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB)
+        return _cpu_fit(shape, engine.kv_cache_memory_gib or CPU_KV_CACHE_GIB)
     plan = plan_memory(shape)
     if sequence_fits(plan, shape.max_model_len):
         return FitResult(
