@@ -1,8 +1,9 @@
-"""Make the cluster match one LLMService: fit check, render, apply children, report.
+"""Make the cluster match one LLMService: checks, render, apply children, report.
 
-The decisions (does it fit, what the children look like, what the status says) are
-pure functions in vram.py, render.py and status.py; this module only sequences them
-with API calls and says what happened through the `emit` callback (Events).
+The decisions (can the server run it, does it fit, what the children look like, what
+the status says) are pure functions in engine_support.py, vram.py, render.py and
+status.py; this module only sequences them with API calls and says what happened
+through the `emit` callback (Events).
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmservice.operator import render as r
+from llmservice.operator.engine_support import (
+    SUPPORTED,
+    UNSUPPORTED_BY_ENGINE,
+    EngineSupport,
+    check_engine,
+)
 from llmservice.operator.kube import Kube, path_for
 from llmservice.operator.spec import LLMServiceSpec
 from llmservice.operator.status import (
@@ -51,6 +58,24 @@ class Outcome:
     fit: FitResult
     applied: bool
     deployment: DeploymentView | None
+    support: EngineSupport = SUPPORTED
+
+
+@dataclass(frozen=True)
+class Checks:
+    """Both pre-rollout verdicts for one spec; either one blocks the rollout."""
+
+    support: EngineSupport
+    fit: FitResult
+
+    @property
+    def refuse_rollout(self) -> bool:
+        return self.support.refuses_rollout or self.fit.refuses_rollout
+
+
+def checks(owner: r.Owner, spec: LLMServiceSpec, options: Options) -> Checks:
+    ceiling = options.max_gpu_memory_utilization
+    return Checks(check_engine(owner, spec, ceiling), check_fit(spec, ceiling))
 
 
 def now() -> str:
@@ -96,15 +121,19 @@ def apply_child(kube: Kube, manifest: dict[str, Any], emit: Emit) -> dict[str, A
 
 
 def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) -> Outcome:
-    """Apply what the spec asks for, unless the VRAM check refuses it."""
+    """Apply what the spec asks for, unless the server cannot run it or it does not fit."""
     owner = owner_of(body)
     spec = LLMServiceSpec.from_dict(body["spec"])
-    fit = check_fit(spec, options.max_gpu_memory_utilization)
+    verdict = checks(owner, spec, options)
+    fit, support = verdict.fit, verdict.support
     deployment_path = path_for("apps/v1", "deployments", owner.namespace, owner.name)
-    if fit.refuses_rollout:
-        emit("Warning", "VRAMRefused", f"Not rolling out: {fit.message}")
+    if verdict.refuse_rollout:
+        if support.refuses_rollout:
+            emit("Warning", UNSUPPORTED_BY_ENGINE, f"Not rolling out: {support.message}")
+        if fit.refuses_rollout:
+            emit("Warning", "VRAMRefused", f"Not rolling out: {fit.message}")
         current = kube.get(deployment_path)
-        return Outcome(fit, False, deployment_view(current) if current else None)
+        return Outcome(fit, False, deployment_view(current) if current else None, support)
     manifests = r.render(
         owner,
         spec,
@@ -117,7 +146,7 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
         pdb_path = path_for("policy/v1", "poddisruptionbudgets", owner.namespace, owner.name)
         if kube.delete(pdb_path) is not None:
             emit("Normal", "Deleted", f"Deleted PodDisruptionBudget {owner.name} (replicas <= 1)")
-    return Outcome(fit, True, deployment_view(applied["Deployment"]))
+    return Outcome(fit, True, deployment_view(applied["Deployment"]), support)
 
 
 def fresher(
@@ -134,7 +163,7 @@ def needs_repair(body: dict[str, Any], options: Options, deployment: DeploymentV
     if (body.get("status") or {}).get("observedGeneration") != body["metadata"].get("generation"):
         return False  # a reconcile for this generation is still due; it will apply anyway
     spec = LLMServiceSpec.from_dict(body["spec"])
-    if check_fit(spec, options.max_gpu_memory_utilization).refuses_rollout:
+    if checks(owner_of(body), spec, options).refuse_rollout:
         return False
     return deployment is None or deployment.spec_replicas != spec.replicas
 
@@ -151,10 +180,12 @@ def status_for(
     autoscaler's fields, see compute_status)."""
     owner = owner_of(body)
     spec = LLMServiceSpec.from_dict(body["spec"])
+    verdict = checks(owner, spec, options)
     return compute_status(
         generation=int(body["metadata"].get("generation", 1)),
         desired_replicas=spec.replicas,
-        fit=check_fit(spec, options.max_gpu_memory_utilization),
+        fit=verdict.fit,
+        support=verdict.support,
         deployment=deployment,
         pods=list(pods),
         previous=body.get("status"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmservice.operator.engine_support import SUPPORTED, UNSUPPORTED_BY_ENGINE, EngineSupport
 from llmservice.operator.vram import FitResult
 
 READY, PROGRESSING, VRAM_FIT, DEGRADED, CAPACITY_PENDING = (
@@ -152,10 +153,23 @@ def _degraded_condition(pods: list[PodView]) -> dict[str, str]:
 
 
 def _progress(
-    desired: int, fit: FitResult, deployment: DeploymentView | None
+    desired: int,
+    fit: FitResult,
+    deployment: DeploymentView | None,
+    support: EngineSupport = SUPPORTED,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Progressing and Ready together: both read the rollout's numbers."""
     if deployment is None:
+        if support.refuses_rollout:
+            return (
+                _condition(
+                    PROGRESSING,
+                    "False",
+                    "RolloutBlocked",
+                    "not rolled out: the server cannot run this spec (see Ready)",
+                ),
+                _condition(READY, "False", UNSUPPORTED_BY_ENGINE, support.message),
+            )
         if fit.refuses_rollout:
             blocked = "not rolled out: the model does not fit the GPUs (see VRAMFit)"
             return (
@@ -176,7 +190,15 @@ def _progress(
         or d.ready_replicas < desired
         or d.replicas > desired
     )
-    if fit.refuses_rollout:
+    if support.refuses_rollout:
+        progressing = _condition(
+            PROGRESSING,
+            "False",
+            "RolloutBlocked",
+            f"the server cannot run the new spec ({support.message}); "
+            f"still serving the previous one: {counts}",
+        )
+    elif fit.refuses_rollout:
         progressing = _condition(
             PROGRESSING,
             "False",
@@ -241,6 +263,7 @@ def compute_status(
     endpoint: str,
     extra: dict[str, Any] | None = None,
     extra_conditions: list[dict[str, str]] | None = None,
+    support: EngineSupport = SUPPORTED,
 ) -> StatusUpdate:
     """The status the object should have now, and the condition changes since `previous`.
 
@@ -250,7 +273,7 @@ def compute_status(
     ScalingActive right after an operator restart) is carried over unchanged.
     """
     previous = previous or {}
-    progressing, ready = _progress(desired_replicas, fit, deployment)
+    progressing, ready = _progress(desired_replicas, fit, deployment, support)
     current = {
         READY: ready,
         PROGRESSING: progressing,

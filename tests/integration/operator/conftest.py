@@ -47,7 +47,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         nodes=[
             Node("gpu-node-1", gpus=64),
             Node("cpu-node-1", gpus=0),
-            Node("small-pool-1", gpus=8, labels={"pool": "small"}),
+            Node("small-pool-1", gpus=1, labels={"pool": "small"}),
         ],
         failing_images={"registry.invalid/missing:1": "ImagePullBackOff"},
     )

@@ -11,8 +11,8 @@ import pytest
 from tests.integration.operator.conftest import Env, start_env
 from tests.support.clients import llmservice, wait_until
 
-GPU_8B = {
-    "model": {"source": "hf://meta-llama/Meta-Llama-3-8B-Instruct"},
+GPU_8B = {  # weights on a PVC: the server cannot download hf:// sources yet
+    "model": {"source": "pvc://weights/Meta-Llama-3-8B-Instruct", "catalogName": "llama-3-8b"},
     "resources": {"gpu": {"count": 1, "memoryGiB": 24}},
 }
 SERVICE_MONITOR_CRD = {
