@@ -3,6 +3,7 @@
 A thin wrapper over `kopf run` (kopf.run) that adds the operator-wide settings a Helm
 chart sets, e.g. `--max-gpu-memory-utilization` to lower the VRAM ceiling below 0.95, or
 `--server-image` for the pods of every LLMService that does not set spec.engine.image.
+`llmservice operator render -f FILE` prints what it would apply (render_cli.py).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import sys
 import kopf
 from llmservice.operator import telemetry
 from llmservice.operator.handlers import register
-from llmservice.operator.reconcile import Options
-from llmservice.operator.render import DEFAULT_SERVER_IMAGE
+from llmservice.operator.settings import add_settings, options_from
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,19 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
-    p.add_argument(
-        "--max-gpu-memory-utilization",
-        type=float,
-        default=0.95,
-        help="cluster-wide ceiling on spec.resources.gpuMemoryUtilization, in [0.5, 0.95]",
-    )
-    p.add_argument(
-        "--server-image",
-        metavar="IMAGE",
-        default=DEFAULT_SERVER_IMAGE,
-        help="model-server image for LLMServices without spec.engine.image "
-        f"(default: {DEFAULT_SERVER_IMAGE})",
-    )
+    add_settings(p)
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -56,19 +44,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-d", "--debug", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
-    if not 0.5 <= args.max_gpu_memory_utilization <= 0.95:
-        p.error("--max-gpu-memory-utilization must lie in [0.5, 0.95]")
-    if not args.server_image.strip():
-        p.error("--server-image must not be empty")
+    args.options = options_from(p, args)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    options = Options(
-        max_gpu_memory_utilization=args.max_gpu_memory_utilization,
-        server_image=args.server_image,
-    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["render"]:
+        from llmservice.operator.render_cli import main as render_main
+
+        return render_main(argv[1:])
+    args = parse_args(argv)
+    options = args.options
     if args.metrics_port is not None:
         telemetry.serve(args.metrics_port, args.metrics_address)
     registry = kopf.OperatorRegistry()
