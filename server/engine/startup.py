@@ -11,7 +11,7 @@ import time
 
 import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
-from llmservice.server.config import EngineConfig
+from llmservice.server.config import CPU_KV_CACHE_GIB, EngineConfig
 from llmservice.server.engine import memory
 from llmservice.server.engine.runner import allocate_kv_caches
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace, fit_costs
@@ -35,7 +35,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def plan_memory(config: EngineConfig, model: LlamaModel) -> memory.MemoryPlan:
     """How many KV blocks to allocate: an override, the CUDA budget after a profiled
-    prefill, or the explicit CPU budget (default 1 GiB)."""
+    prefill, or the explicit CPU budget (default CPU_KV_CACHE_GIB)."""
     kv_per_token = model.config.kv_bytes_per_token(torch.tensor([], dtype=model.dtype).element_size())
     weights = model.weight_bytes()
     max_model_len = int(config.max_model_len)
@@ -52,7 +52,7 @@ def plan_memory(config: EngineConfig, model: LlamaModel) -> memory.MemoryPlan:
             total, config.gpu_memory_utilization, weights, profile_activation_peak(config, model),
             kv_per_token, config.block_size, max_model_len,
         )
-    plan = memory.plan_cpu(config.kv_cache_memory_gib or 1.0, weights, kv_per_token, config.block_size, max_model_len)
+    plan = memory.plan_cpu(config.kv_cache_memory_gib or CPU_KV_CACHE_GIB, weights, kv_per_token, config.block_size, max_model_len)
     plan.device = device.type
     return plan
 
