@@ -37,6 +37,11 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _should(path: str, value: Any, rule: str) -> FieldError:
+    """The API server's wording for a value that breaks an OpenAPI bound."""
+    return FieldError(path, f"Invalid value: {_value_repr(value)}: {path} in body should {rule}")
+
+
 def _value_repr(value: Any) -> str:
     return json.dumps(value)
 
@@ -162,38 +167,18 @@ def _check_keywords(schema: dict[str, Any], value: Any, path: str) -> list[Field
         )
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if "minimum" in schema and value < schema["minimum"]:
-            errors.append(
-                FieldError(
-                    path,
-                    f"Invalid value: {_value_repr(value)}: {path} in body should be greater than or equal to {schema['minimum']}",
-                )
-            )
+            errors.append(_should(path, value, f"be greater than or equal to {schema['minimum']}"))
         if "maximum" in schema and value > schema["maximum"]:
-            errors.append(
-                FieldError(
-                    path,
-                    f"Invalid value: {_value_repr(value)}: {path} in body should be less than or equal to {schema['maximum']}",
-                )
-            )
+            errors.append(_should(path, value, f"be less than or equal to {schema['maximum']}"))
     if isinstance(value, str):
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(
                 FieldError(path, f"Too long: may not be more than {schema['maxLength']} bytes")
             )
         if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(
-                FieldError(
-                    path,
-                    f"Invalid value: {_value_repr(value)}: {path} in body should be at least {schema['minLength']} chars long",
-                )
-            )
+            errors.append(_should(path, value, f"be at least {schema['minLength']} chars long"))
         if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append(
-                FieldError(
-                    path,
-                    f"Invalid value: {_value_repr(value)}: {path} in body should match '{schema['pattern']}'",
-                )
-            )
+            errors.append(_should(path, value, f"match '{schema['pattern']}'"))
     if isinstance(value, list):
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             errors.append(
