@@ -1,0 +1,1 @@
+"""The advisor: the seeds' batching mistakes found in live metrics, with the fix (docs/advisor.md)."""
