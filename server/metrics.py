@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import prometheus_client
+from llmservice.server.advisor_metrics import AdvisorMetrics
 from llmservice.server.engine.messages import EngineStats
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -115,6 +116,7 @@ class ServerMetrics:
         self.request_generation_tokens = histogram("vllm:request_generation_tokens", "Number of generation tokens per request.", token_buckets)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Number of tokens computed per engine step.", ITERATION_TOKENS_BUCKETS)
 
+        self.advisor = AdvisorMetrics(r, model_name)  # what the advisor reads beyond vLLM's names
         self._last = EngineStats()
 
     # ---- engine-wide, every step ---------------------------------------------------------
@@ -131,6 +133,7 @@ class ServerMetrics:
         self.prefix_hits.inc(max(0, stats.prefix_hits - last.prefix_hits))
         if stats.step_tokens:
             self.iteration_tokens.observe(stats.step_tokens)
+        self.advisor.on_engine_totals(stats.prefix_potential_hits, stats.detokenize_seconds)
         self._last = stats
 
     # ---- per request, as its tokens arrive -------------------------------------------------

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from llmservice.server.api.chat import create_chat_completion
 from llmservice.server.api.completions import create_completion
 from llmservice.server.api.errors import APIError, describe_validation_errors, error_response
+from llmservice.server.api.loop_probe import probe_event_loop
 from llmservice.server.api.protocol import (
     ERROR_RESPONSES,
     ChatCompletionRequest,
@@ -42,7 +43,9 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.engine.attach(asyncio.get_running_loop(), metrics)
+        probe = asyncio.create_task(probe_event_loop(metrics.advisor.loop_lag.observe))
         yield
+        probe.cancel()
         state.engine.abort(list(state.engine.streams))
 
     app = FastAPI(title="llmservice", version=llmservice.__version__, lifespan=lifespan)

@@ -72,6 +72,8 @@ def serve(args: argparse.Namespace) -> int:
         info.max_model_len,
         CacheInfo(info.block_size, info.num_gpu_blocks, info.num_cpu_blocks, info.gpu_memory_utilization),
     )
+    metrics.advisor.set_engine_config(config.resolve_lengths(info.max_model_len))
+    state.tokenizer.on_tokenize_seconds = metrics.advisor.tokenize_seconds.inc
     app = create_app(state, metrics)
     shown = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
     print(f"\nllmservice: serving {names[0]!r} at http://{shown}:{server.port}/v1  (docs: /docs, metrics: /metrics)\n"

@@ -8,6 +8,9 @@ header or tokenizer files): it never loads weights, which stay in the engine pro
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -38,13 +41,36 @@ def message_dicts(messages) -> list[dict]:
     return out
 
 
+# TEST ONLY: tokenize on the event loop, each call made this many ms slower (time.sleep),
+# to reproduce seed 000's fifth mistake in end-to-end tests of the advisor. Never set it
+# in production: it blocks every stream of the server for that long per request.
+TEST_ONLY_SLOW_TOKENIZER_ENV = "LLMSERVICE_TEST_ONLY_SLOW_TOKENIZER_ON_EVENT_LOOP_MS"
+
+
 class TokenizerService:
     def __init__(self, tokenizer: TextTokenizer, workers: int = 2):
         self.tokenizer = tokenizer
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenizer")
+        self.on_tokenize_seconds: Callable[[float], None] | None = None  # llmservice:tokenize_seconds_total
+        self._test_only_loop_delay_s = float(os.environ.get(TEST_ONLY_SLOW_TOKENIZER_ENV) or 0) / 1000
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, partial(fn, *args))
+
+    async def _run_timed(self, fn, *args):
+        """Tokenizer work, timed; on the loop itself only under the test-only hook."""
+        if self._test_only_loop_delay_s > 0:
+            time.sleep(self._test_only_loop_delay_s)  # deliberately blocks the loop (test only)
+            return self._timed(fn, *args)
+        return await self._run(self._timed, fn, *args)
+
+    def _timed(self, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            if self.on_tokenize_seconds is not None:
+                self.on_tokenize_seconds(time.perf_counter() - t0)
 
     # ---- blocking bodies (run in the pool) ---------------------------------------------------
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -73,10 +99,10 @@ class TokenizerService:
 
     # ---- async API ----------------------------------------------------------------------------
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return await self._run(self._encode, text, add_special_tokens)
+        return await self._run_timed(self._encode, text, add_special_tokens)
 
     async def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return await self._run(self._chat, messages, add_generation_prompt)
+        return await self._run_timed(self._chat, messages, add_generation_prompt)
 
     async def decode(self, ids: list[int]) -> str:
         return await self._run(self._decode, ids)

@@ -65,6 +65,11 @@ class BlockManager:
             hashes.append(hash((parent, tuple(tokens[i * bs : (i + 1) * bs]))))
         return hashes
 
+    def prompt_block_hashes(self, request: Request) -> list[int]:
+        """The hash chain of the request's full blocks (computed even with caching off:
+        the prefix sketch counts what a cache would have hit)."""
+        return self._update_hashes(request)
+
     def _lookup(self, request: Request, index: int) -> int | None:
         h = request.block_hashes[index]
         block_id = self.cached.get(h)

@@ -44,6 +44,8 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
         num_preemptions=sched.num_preemptions,
         prefix_queries=sched.prefix_queries,
         prefix_hits=sched.prefix_hits,
+        prefix_potential_hits=sched.prefix_potential_hits,
+        detokenize_seconds=engine.detokenize_seconds,
         step_tokens=engine.last_step.num_batched_tokens if stepped else None,
     )
 

@@ -65,6 +65,7 @@ class LLMEngine:
         self.max_model_len = int(config.max_model_len)
         self.memory_plan = memory_plan
         self.load_seconds = load_seconds
+        self.detokenize_seconds = 0.0  # cumulative (llmservice:detokenize_seconds_total)
         num_blocks = memory_plan.num_blocks
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.seed)
@@ -241,6 +242,7 @@ class LLMEngine:
 
     def _make_delta(self, req: Request, new_tokens: list[int], logprobs: list[TokenLogprob]) -> Delta:
         detok = self.detokenizers.get(req.request_id)
+        t0 = time.perf_counter()
         if detok is not None:
             used = detok.update(new_tokens)
             if used < len(new_tokens):
@@ -251,6 +253,7 @@ class LLMEngine:
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
         finished = req.is_finished
         new_text = detok.take_new_text(finished) if detok else ""
+        self.detokenize_seconds += time.perf_counter() - t0
         if finished:
             self.detokenizers.pop(req.request_id, None)
         return Delta(

@@ -81,6 +81,8 @@ class EngineStats:
     num_preemptions: int = 0  # cumulative
     prefix_queries: int = 0  # cumulative, tokens
     prefix_hits: int = 0  # cumulative, tokens
+    prefix_potential_hits: int = 0  # cumulative, tokens a prefix cache would have served
+    detokenize_seconds: float = 0.0  # cumulative, in the engine's incremental detokenizer
     step_tokens: int | None = None  # tokens computed in this step; None when no step ran
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from llmservice.server.config import EngineConfig
 from llmservice.server.engine import policy
 from llmservice.server.engine.block_manager import BlockManager
+from llmservice.server.engine.prefix_sketch import PrefixSketch
 from llmservice.server.engine.request import Request, RequestStatus
 from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
@@ -53,6 +54,7 @@ class SchedulerStats:
     num_swap_ins: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # of which found
+    prefix_potential_hits: int = 0  # prompt tokens a prefix cache would have served (on or off)
 
 
 class Scheduler:
@@ -74,6 +76,7 @@ class Scheduler:
         self.swapped: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
+        self.prefix_sketch = PrefixSketch()
         self.max_model_len = int(config.max_model_len or 0)
         self._runner_known: set[str] = set()  # requests whose sampling params the runner holds
         self._finished_since_step: list[str] = []
@@ -237,10 +240,17 @@ class Scheduler:
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_cached
                 req.first_scheduled_time = now
+                self._count_potential_hits(req)
             if self.bm.enable_prefix_caching:
                 self.stats.prefix_queries += req.num_tokens
                 self.stats.prefix_hits += num_cached
             plan.add(req, num_new, 0)
+
+    def _count_potential_hits(self, req: Request) -> None:
+        """First admission only: a recomputed request's prompt is not a new prompt."""
+        max_blocks = (req.num_tokens - 1) // self.bm.block_size
+        hit_blocks = self.prefix_sketch.observe(self.bm.prompt_block_hashes(req), max_blocks)
+        self.stats.prefix_potential_hits += hit_blocks * self.bm.block_size
 
     def _describe(self, req: Request, num_new: int, table_start: int, out: SchedulerOutput) -> ScheduledRequest:
         """The plain-data view of one scheduled request (and its sampling params, once)."""

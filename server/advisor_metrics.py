@@ -1,0 +1,75 @@
+"""The metrics the advisor needs that vLLM does not export (docs/advisor.md).
+
+- `llmservice:prefix_cache_potential_hits_total`: prompt tokens that a prefix cache would
+  have served, counted even with the cache off (a bounded sketch of recent block hashes,
+  server/engine/prefix_sketch.py): the evidence for turning caching on (rule 3).
+- `llmservice:event_loop_lag_seconds`: how late the API event loop wakes a periodic
+  probe (server/api/loop_probe.py): tokenizer or other CPU work on the loop (rule 5).
+- `llmservice:tokenize_seconds_total` / `llmservice:detokenize_seconds_total`: CPU time
+  in the tokenizer (API worker pool) and the incremental detokenizer (engine core).
+- `llmservice:engine_config_info`: the scheduler's limits, labelled like vLLM's
+  `vllm:cache_config_info`, so `llmservice advise URL` needs no spec file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LOOP_LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+ENGINE_CONFIG_LABELS = (
+    "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+    "enable_prefix_caching", "enable_chunked_prefill", "preemption_mode", "swap_space_gib",
+    "gpu_memory_utilization",
+)  # fmt: skip
+
+
+class AdvisorMetrics:
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        m = {"model_name": model_name}
+        self.potential_hits = Counter(
+            "llmservice:prefix_cache_potential_hits",
+            "Prompt tokens a prefix cache would have served (counted with caching on or off).",
+            ["model_name"], registry=registry,
+        ).labels(**m)
+        self.loop_lag = Histogram(
+            "llmservice:event_loop_lag_seconds",
+            "How late the API event loop ran a periodic probe, in seconds.",
+            ["model_name"], buckets=LOOP_LAG_BUCKETS, registry=registry,
+        ).labels(**m)
+        self.tokenize_seconds = Counter(
+            "llmservice:tokenize_seconds", "Seconds spent tokenizing prompts and chat templates.",
+            ["model_name"], registry=registry,
+        ).labels(**m)
+        self.detokenize_seconds = Counter(
+            "llmservice:detokenize_seconds", "Seconds spent in the incremental detokenizer.",
+            ["model_name"], registry=registry,
+        ).labels(**m)
+        self._engine_info = Gauge(
+            "llmservice:engine_config_info", "The engine's scheduler and cache configuration.",
+            list(ENGINE_CONFIG_LABELS), registry=registry,
+        )
+        self._potential, self._detok = 0, 0.0
+
+    def set_engine_config(self, config: Any) -> None:
+        """From a resolved EngineConfig (max_model_len and max_num_batched_tokens filled)."""
+        labels = {
+            "block_size": config.block_size,
+            "max_model_len": config.max_model_len,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "enable_prefix_caching": config.enable_prefix_caching,
+            "enable_chunked_prefill": config.enable_chunked_prefill,
+            "preemption_mode": config.preemption_mode,
+            "swap_space_gib": config.swap_space,
+            "gpu_memory_utilization": config.gpu_memory_utilization,
+        }
+        self._engine_info.labels(**{k: str(v) for k, v in labels.items()}).set(1)
+
+    def on_engine_totals(self, potential_hits: int, detokenize_seconds: float) -> None:
+        """The engine's cumulative counts after a step: add what is new."""
+        self.potential_hits.inc(max(0, potential_hits - self._potential))
+        self.detokenize_seconds.inc(max(0.0, detokenize_seconds - self._detok))
+        self._potential = max(self._potential, potential_hits)
+        self._detok = max(self._detok, detokenize_seconds)
