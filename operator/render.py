@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmservice.operator.spec import API_VERSION, KIND, LLMServiceSpec
+from llmservice.server.cli_args import API_KEY_ENV as _KEY_VARS
 from llmservice.server.cli_args import BY_NAME, to_argv
 
 PORT = BY_NAME["port"].default  # the server's default; rendered explicitly all the same
@@ -23,6 +24,7 @@ FIELD_MANAGER = "llmservice-operator"
 # Server image for objects without spec.engine.image (operator flag --server-image).
 DEFAULT_SERVER_IMAGE = "ghcr.io/llmservice/llmservice:0.1.0"
 LABEL_SERVICE = "llmservice.dev/service"  # value: the LLMService name, on every child
+API_KEY_ENV = _KEY_VARS[0]  # the server reads --api-key from it (LLMSERVICE_API_KEY)
 SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 
 
@@ -139,6 +141,8 @@ def server_options(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -
         "tensor_parallel_size": e.tensor_parallel_size,
         "kv_cache_memory_gib": e.kv_cache_memory_gib,  # None: left out
         "max_queue_delay_ms": e.max_queue_delay_ms,
+        "max_tokens_default": e.max_tokens_default,  # None: left out
+        "request_timeout_s": e.request_timeout_s,
         **source_options,
     }
 
@@ -189,6 +193,9 @@ def _env(spec: LLMServiceSpec) -> list[dict[str, Any]]:
                     "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
                 }
             )
+    if spec.engine.api_key_secret is not None:
+        ref = spec.engine.api_key_secret
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env += [{"name": name, "value": value} for name, value in spec.engine.env]
     return env
 

@@ -99,8 +99,12 @@ SERVER_OPTIONS = {
     "max_waiting_requests": "max_waiting_requests",
     "max_queue_delay_ms": "max_queue_delay_ms",
     "shutdown_grace_seconds": "shutdown_grace_seconds",
+    "max_tokens_default": "max_tokens_default",
+    "request_timeout_s": "request_timeout_s",
 }
-OPERATOR_ENGINE_FIELDS = ("image", "imagePullPolicy", "startupTimeoutSeconds", "extraArgs", "env")
+OPERATOR_ENGINE_FIELDS = (
+    "image", "imagePullPolicy", "startupTimeoutSeconds", "extraArgs", "env", "apiKeySecretRef",
+)
 
 
 def crd_key(option: str) -> str:
@@ -135,6 +139,10 @@ class EngineSpec:
     max_waiting_requests: int = _default("max_waiting_requests")
     max_queue_delay_ms: float | None = _default("max_queue_delay_ms")
     shutdown_grace_seconds: float = _default("shutdown_grace_seconds")
+    max_tokens_default: int | None = _default("max_tokens_default")
+    request_timeout_s: float | None = _default("request_timeout_s")
+    # The pods get the key as LLMSERVICE_API_KEY from this Secret (never on the command line).
+    api_key_secret: SecretKeyRef | None = None
     startup_timeout_seconds: int = 900
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -146,8 +154,10 @@ class EngineSpec:
             name: _get(data, crd_key(option), getattr(d, name))
             for name, option in SERVER_OPTIONS.items()
         }
+        secret = _get(data, "apiKeySecretRef", None)
         return cls(
             image=_get(data, "image", None) or None,
+            api_key_secret=SecretKeyRef(secret["name"], _get(secret, "key", "api-key")) if secret else None,
             image_pull_policy=_get(data, "imagePullPolicy", d.image_pull_policy),
             **options,
             startup_timeout_seconds=_get(data, "startupTimeoutSeconds", d.startup_timeout_seconds),

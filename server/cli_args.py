@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,19 @@ def resolve_model_ref(model: str, download_dir: str | None) -> str:
     return model
 
 
+API_KEY_ENV = ("LLMSERVICE_API_KEY", "VLLM_API_KEY")
+
+
+def api_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """--api-key's fallback (the operator sets LLMSERVICE_API_KEY from a Secret, so the
+    key never shows in the pod's command line); an empty variable counts as unset."""
+    env = os.environ if environ is None else environ
+    for name in API_KEY_ENV:
+        if env.get(name):
+            return env[name]
+    return None
+
+
 def _values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     out = {}
     for o in options(cls):
@@ -94,7 +108,10 @@ def _values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
 def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerArgs]:
     """What `serve` starts with; ConfigError (UnsupportedError for what this build cannot
     run) names the flag to change."""
-    server = ServerArgs(**_values(ServerArgs, args))
+    values = _values(ServerArgs, args)
+    if values.get("api_key") is None:
+        values["api_key"] = api_key_from_env()
+    server = ServerArgs(**values)
     problem = unsupported(args.model, server.tensor_parallel_size)
     if problem is not None:
         raise UnsupportedError(problem)

@@ -176,8 +176,36 @@ class ServerArgs:
     tokenizer_workers: int = arg(2, "--tokenizer-workers",
                                  "threads for tokenization off the event loop", type=int)
     log_level: str = arg("info", "--log-level", "log level", choices=LOG_LEVELS)
+    max_tokens_default: int | None = arg(
+        None, "--max-tokens-default",
+        "max_tokens of a request that leaves it out, capped to the rest of the context "
+        "(default: chat the rest of the context, as vLLM; completions 16, as OpenAI)",
+        type=int, crd="engine.maxTokensDefault",
+    )
+    request_timeout_s: float | None = arg(
+        None, "--request-timeout-s",
+        "wall-clock limit of one request: past it generation stops with finish_reason "
+        "length and a llmservice-truncated header (default: none)",
+        type=float, crd="engine.requestTimeoutSeconds",
+    )
+    api_key: str | None = arg(
+        None, "--api-key",
+        "clients must send `Authorization: Bearer KEY` (also from VLLM_API_KEY or "
+        "LLMSERVICE_API_KEY); /health, /ready and /metrics stay open",
+    )
+    max_request_body_bytes: int = arg(
+        16 * 1024 * 1024, "--max-request-body-bytes", "larger request bodies get 413", type=int,
+    )
 
     def __post_init__(self) -> None:
+        if self.max_tokens_default is not None and self.max_tokens_default < 1:
+            raise ConfigError(f"--max-tokens-default {self.max_tokens_default} must be >= 1")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ConfigError(f"--request-timeout-s {self.request_timeout_s} must be > 0")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("--api-key must not be empty")
+        if self.max_request_body_bytes < 1024:
+            raise ConfigError(f"--max-request-body-bytes {self.max_request_body_bytes} must be >= 1024")
         if self.max_waiting_requests < 0:
             raise ConfigError(f"--max-waiting-requests {self.max_waiting_requests} must be >= 0")
         if self.shutdown_grace_seconds < 0:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from llmservice.server.api.chat import create_chat_completion
 from llmservice.server.api.completions import create_completion
 from llmservice.server.api.errors import APIError, describe_validation_errors, error_response
+from llmservice.server.api.guards import APIKeyMiddleware, BodyLimitMiddleware
 from llmservice.server.api.loop_probe import probe_event_loop
 from llmservice.server.api.protocol import (
     ERROR_RESPONSES,
@@ -51,6 +52,10 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     app = FastAPI(title="llmservice", version=llmservice.__version__, lifespan=lifespan)
     app.state.server = state
     app.state.metrics = metrics
+    # Added last = runs first: the key is checked before the body is looked at.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_request_body_bytes)
+    if state.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):

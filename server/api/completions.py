@@ -74,7 +74,7 @@ def _merge_logprobs(acc: dict | None, new: dict) -> dict:
 async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: ServerState):
     arrival = time.monotonic()
     state.check_model(req.model)
-    params = completion_params(req, state.scheduling_policy)
+    params = completion_params(req, state.scheduling_policy, state.max_model_len, state.max_tokens_default)
     prompts, are_ids = prompt_batch(req.prompt)
     with state.admitted(len(prompts) * req.n) as reservation:
         if are_ids:

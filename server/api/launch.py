@@ -66,6 +66,10 @@ def serve(args: argparse.Namespace) -> int:
         max_model_len=info.max_model_len,
         scheduling_policy=info.scheduling_policy,
         max_waiting_requests=server.max_waiting_requests or None,
+        max_tokens_default=server.max_tokens_default,
+        request_timeout_s=server.request_timeout_s,
+        api_key=server.api_key,
+        max_request_body_bytes=server.max_request_body_bytes,
     )
     metrics = ServerMetrics(
         names[0],

@@ -14,6 +14,7 @@ from llmservice.server.api.protocol import ChatCompletionRequest, CompletionRequ
 from llmservice.server.engine.sampling_params import SamplingParams
 
 SAMPLING_EPS = 1e-5  # below this temperature sampling is numerically greedy (vLLM's rule)
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def _check_common(req: SamplingFields, scheduling_policy: str) -> None:
@@ -30,6 +31,27 @@ def _check_common(req: SamplingFields, scheduling_policy: str) -> None:
         )
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+    if req.logit_bias:
+        bad = [k for k in req.logit_bias if not k.isdigit()]
+        if bad:
+            raise APIError(400, f"logit_bias keys must be token ids, got {bad[0]!r}", "logit_bias")
+        raise APIError(400, "logit_bias is not supported by this server; omit it or send {}", "logit_bias")
+
+
+def check_total_tokens(n: int, max_tokens: int | None, max_model_len: int | None) -> None:
+    """One request may ask for at most one context's worth of generated tokens in all:
+    n x max_tokens <= max_model_len (each choice also needs prompt + max_tokens <= it,
+    which the engine checks). Without this, a large n times a large max_tokens holds
+    the batch for many contexts' worth of steps."""
+    if max_model_len is None or max_tokens is None or n == 1:
+        return
+    if n * max_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"n ({n}) x max_tokens ({max_tokens}) = {n * max_tokens} exceeds max_model_len "
+            f"({max_model_len}); lower n or max_tokens",
+            "max_tokens",
+        )
 
 
 def _build(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -56,7 +78,14 @@ def _build(req: SamplingFields, max_tokens: int | None, logprobs: int | None) ->
         raise APIError(400, str(exc)) from exc
 
 
-def completion_params(req: CompletionRequest, scheduling_policy: str) -> SamplingParams:
+def completion_params(
+    req: CompletionRequest,
+    scheduling_policy: str,
+    max_model_len: int | None = None,
+    max_tokens_default: int | None = None,
+) -> SamplingParams:
+    """max_tokens left out: the server's --max-tokens-default (None here: the handler
+    caps it to the rest of the context per prompt), else OpenAI's 16."""
     _check_common(req, scheduling_policy)
     if req.echo:
         raise APIError(400, "echo is not supported by this server", "echo")
@@ -64,17 +93,31 @@ def completion_params(req: CompletionRequest, scheduling_policy: str) -> Samplin
         raise APIError(400, "suffix is not supported by this server", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, f"best_of ({req.best_of}) must equal n ({req.n}) on this server", "best_of")
-    return _build(req, req.max_tokens, req.logprobs)
+    max_tokens = req.max_tokens
+    if max_tokens is None and max_tokens_default is None:
+        max_tokens = COMPLETION_MAX_TOKENS
+    check_total_tokens(req.n, max_tokens, max_model_len)
+    return _build(req, max_tokens, req.logprobs)
 
 
-def chat_params(req: ChatCompletionRequest, scheduling_policy: str) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, scheduling_policy: str, max_model_len: int | None = None) -> SamplingParams:
     _check_common(req, scheduling_policy)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    # None: the engine fills in max_model_len - prompt length, as vLLM does for chat.
+    check_total_tokens(req.n, max_tokens, max_model_len)
+    # None: --max-tokens-default capped to the rest of the context (start_generation), or
+    # without that flag the engine fills in max_model_len - prompt length, as vLLM does.
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return _build(req, max_tokens, logprobs)
+
+
+def default_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: int, default: int | None) -> SamplingParams:
+    """The request left max_tokens out: --max-tokens-default, capped to the rest of the
+    context (a default must not turn a fitting prompt into a 400)."""
+    if params.max_tokens is not None or default is None or prompt_len >= max_model_len:
+        return params
+    return dataclasses.replace(params, max_tokens=min(default, max_model_len - prompt_len))
 
 
 def child_params(params: SamplingParams, n: int) -> list[SamplingParams]:

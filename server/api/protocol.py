@@ -4,17 +4,28 @@ Field constraints live here so that FastAPI rejects bad input with a 400 before 
 work is done, and so that /openapi.json describes exactly what is accepted (the fuzz
 test generates requests from it). NaN and infinity are refused everywhere: a NaN
 temperature would otherwise reach the sampler.
+
+Request models are strict, as OpenAI's schema is: a value of the wrong JSON type
+(`"max_tokens": "16"`, `"stream": 1`, `"n": 2.0`) is a 400, never coerced. Each chat
+role has OpenAI's required fields (a tool message needs `tool_call_id`, an assistant
+message needs `content` unless it carries `tool_calls`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_N = 128  # OpenAI's own limit on `n`
+MAX_STOP = 4  # OpenAI: "Up to 4 sequences"
+MAX_STOP_CHARS = 512  # one stop string; longer ones only cost the detokenizer
+MAX_PROMPTS = 2048  # prompts of one batched completion request
+LOGIT_BIAS_MIN, LOGIT_BIAS_MAX = -100, 100  # OpenAI's range
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class APIModel(BaseModel):
@@ -22,11 +33,17 @@ class APIModel(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class StreamOptions(APIModel):
+class RequestModel(APIModel):
+    """What clients send: strict JSON types, as OpenAI's schema."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+
+
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingFields(APIModel):
+class SamplingFields(RequestModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -36,7 +53,9 @@ class SamplingFields(APIModel):
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="vLLM extra; -1 or 0 disables")
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = Field(
+        None, description=f"up to {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters"
+    )
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -49,27 +68,96 @@ class SamplingFields(APIModel):
     )
     presence_penalty: float | None = Field(None, description="accepted only as 0 (not implemented)")
     frequency_penalty: float | None = Field(None, description="accepted only as 0 (not implemented)")
+    logit_bias: dict[str, Annotated[int, Field(ge=LOGIT_BIAS_MIN, le=LOGIT_BIAS_MAX)]] | None = Field(
+        None, description="token id -> bias in [-100, 100]; accepted only empty (not implemented)"
+    )
     user: str | None = None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
+    prompt: (
+        str
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, le=INT32_MAX, description="default 16 (OpenAI's), or the server's --max-tokens-default"
+    )
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="not supported; must be false")
     suffix: str | None = Field(None, description="not supported; must be absent")
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="only best_of == n is supported")
 
 
-class TextContentPart(APIModel):
+class TextContentPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(APIModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
+Content = str | list[TextContentPart]
+
+
+class SystemMessage(RequestModel):
+    role: Literal["system"]
+    content: Content
     name: str | None = None
+
+
+class DeveloperMessage(RequestModel):
+    role: Literal["developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(RequestModel):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class FunctionCall(RequestModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(RequestModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(RequestModel):
+    role: Literal["assistant"]
+    content: Content | None = None
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls and self.function_call is None:
+            raise ValueError("an assistant message needs content unless it has tool_calls or function_call")
+        return self
+
+
+class ToolMessage(RequestModel):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+
+class FunctionMessage(RequestModel):
+    role: Literal["function"]
+    content: str | None
+    name: str
+
+
+ChatMessage = Annotated[
+    SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage | FunctionMessage,
+    Field(discriminator="role"),
+]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -81,7 +169,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
 
 
-class TokenizeRequest(APIModel):
+class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -89,7 +177,7 @@ class TokenizeRequest(APIModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(APIModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]
 
@@ -200,6 +288,8 @@ class ErrorResponse(APIModel):
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "invalid parameters, or prompt + max_tokens > max_model_len"},
+    401: {"model": ErrorResponse, "description": "missing or wrong API key (--api-key)"},
     404: {"model": ErrorResponse, "description": "unknown model"},
+    413: {"model": ErrorResponse, "description": "request body larger than --max-request-body-bytes"},
     503: {"model": ErrorResponse, "description": "queue full (see Retry-After) or draining for shutdown"},
 }

@@ -6,6 +6,11 @@ the pod out of rotation, new generation requests get 503 (a retrying client move
 another replica), in-flight requests run to completion, and only then, or when
 `--shutdown-grace-seconds` run out (remaining requests are aborted), does uvicorn
 close. The process exits 0. A second signal exits immediately.
+
+If the engine-core process dies (killed, out of memory), the streams in flight get an
+error event (engine_client.py), `/health` answers 503, and shortly after the server
+stops and exits 1, so that the kubelet restarts the container rather than leaving a
+pod that accepts connections and can never generate.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from llmservice.server.api.serving import ServerState
 log = logging.getLogger("llmservice.api")
 
 DRAIN_POLL_S = 0.05
+ENGINE_POLL_S = 0.2
+DEAD_ENGINE_LINGER_S = 1.0  # lets the error events reach the clients before the sockets close
 
 
 class DrainingServer(uvicorn.Server):
@@ -34,7 +41,18 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        watch = self._loop.create_task(self._watch_engine())
+        try:
+            await super().serve(sockets)
+        finally:
+            watch.cancel()
+
+    async def _watch_engine(self) -> None:
+        while self.state.engine.dead is None:
+            await asyncio.sleep(ENGINE_POLL_S)
+        log.error("the engine core is gone (%s): stopping the server, exit code 1", self.state.engine.dead)
+        await asyncio.sleep(DEAD_ENGINE_LINGER_S)
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.state.draining or self._loop is None or not self.started:
@@ -71,4 +89,4 @@ def run_server(app, state: ServerState, host: str, port: int, grace_s: float, lo
     )
     server = DrainingServer(config, state, grace_s)
     server.run()
-    return 0
+    return 1 if state.engine.dead is not None else 0

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmservice.server.api.backpressure import admission_decision
 from llmservice.server.api.engine_client import EngineClient, EngineDeadError
 from llmservice.server.api.errors import APIError, error_body
-from llmservice.server.api.params import child_params
+from llmservice.server.api.params import child_params, default_max_tokens
 from llmservice.server.api.tokenizer_service import TokenizerService
 from llmservice.server.engine.outputs import Delta
 from llmservice.server.engine.sampling_params import SamplingParams
@@ -29,6 +29,9 @@ class ClientDisconnected(Exception):
     pass
 
 
+TRUNCATED_HEADER = "llmservice-truncated"  # why a response ended early (finish_reason length)
+TIMEOUT_HEADER = "llmservice-request-timeout-s"  # on streams, sent before any token
+
 @dataclass
 class ServerState:
     engine: EngineClient
@@ -38,6 +41,10 @@ class ServerState:
     max_model_len: int
     scheduling_policy: str
     max_waiting_requests: int | None
+    max_tokens_default: int | None = None  # --max-tokens-default
+    request_timeout_s: float | None = None  # --request-timeout-s
+    api_key: str | None = None  # --api-key (checked by guards.APIKeyMiddleware)
+    max_request_body_bytes: int = 16 * 1024 * 1024
     draining: bool = False
     reserved: int = 0  # engine requests admitted but not yet registered with the engine client (tokenizing)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -109,20 +116,46 @@ class Generation:
     watcher: asyncio.Task
     state: ServerState
     index: dict[str, int] = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() past which generation stops (--request-timeout-s)
+    timed_out: bool = False
 
     def __post_init__(self) -> None:
         self.index = {rid: i for i, rid in enumerate(self.request_ids)}
 
+    async def _next(self):
+        if self.deadline is None:
+            return await self.queue.get()
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            try:
+                return await asyncio.wait_for(self.queue.get(), left)
+            except TimeoutError:
+                pass
+        return None
+
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
-        """(choice index, delta) until every choice finished; raises ClientDisconnected."""
-        remaining = len(self.request_ids)
-        while remaining:
-            item = await self.queue.get()
+        """(choice index, delta) until every choice finished; raises ClientDisconnected.
+        Past the deadline the unfinished choices are aborted and end with finish_reason
+        `length` (the request's time ran out as a token budget would)."""
+        unfinished = set(self.request_ids)
+        while unfinished:
+            item = await self._next()
+            if item is None:
+                self.timed_out = True
+                self.state.engine.abort(sorted(unfinished))
+                for rid in sorted(unfinished, key=self.index.__getitem__):
+                    yield self.index[rid], Delta(rid, [], "", finished=True, finish_reason="length")
+                return
             if isinstance(item, BaseException):
                 raise item
             if item.finished:
-                remaining -= 1
+                unfinished.discard(item.request_id)
             yield self.index[item.request_id], item
+
+    def truncation_headers(self) -> dict[str, str]:
+        if not self.timed_out:
+            return {}
+        return {TRUNCATED_HEADER: f"request-timeout: stopped after --request-timeout-s {self.state.request_timeout_s:g}"}
 
     def close(self) -> None:
         """Abort whatever is unfinished (no-op for finished requests) and stop watching."""
@@ -155,13 +188,15 @@ async def start_generation(
     ids: list[str] = []
     plist: list[tuple[list[int], SamplingParams]] = []
     for p_idx, prompt in enumerate(prompts):
-        for c_idx, sp in enumerate(child_params(params, n)):
+        prompt_params = default_max_tokens(params, len(prompt), state.max_model_len, state.max_tokens_default)
+        for c_idx, sp in enumerate(child_params(prompt_params, n)):
             ids.append(f"{request_id}-{p_idx * n + c_idx}")
             plist.append((prompt, sp))
     q: asyncio.Queue = asyncio.Queue()
     engine = state.engine
     watcher = asyncio.create_task(_watch_disconnect(raw, ids, q, engine))
-    gen = Generation(ids, [len(p) for p in prompts], q, watcher, state)
+    deadline = None if state.request_timeout_s is None else arrival_time + state.request_timeout_s
+    gen = Generation(ids, [len(p) for p in prompts], q, watcher, state, deadline=deadline)
     try:
         streams = [
             engine.submit(rid, prompt, sp, priority, arrival_time, q) for rid, (prompt, sp) in zip(ids, plist, strict=True)
@@ -180,11 +215,15 @@ async def respond(req, request_id: str, gen: Generation, state: ServerState, log
     model = req.model or state.model_name
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        # Headers go out before the first token: they can only announce the limit.
+        headers = {} if state.request_timeout_s is None else {TIMEOUT_HEADER: f"{state.request_timeout_s:g}"}
         return StreamingResponse(
-            stream(gen, request_id, model, state.tokenizer, logprobs, include_usage), media_type="text/event-stream"
+            stream(gen, request_id, model, state.tokenizer, logprobs, include_usage),
+            media_type="text/event-stream", headers=headers,
         )
     try:
-        return JSONResponse(await collect(gen, request_id, model, state.tokenizer, logprobs))
+        body = await collect(gen, request_id, model, state.tokenizer, logprobs)
+        return JSONResponse(body, headers=gen.truncation_headers())
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     finally:

@@ -35,8 +35,9 @@ def message_dicts(messages) -> list[dict]:
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         d = {"role": m.role, "content": content or ""}
-        if m.name is not None:
-            d["name"] = m.name
+        name = getattr(m, "name", None)  # a tool message has none
+        if name is not None:
+            d["name"] = name
         out.append(d)
     return out
 

@@ -34,11 +34,12 @@ def test_priority_needs_priority_policy():
 
 
 @pytest.mark.parametrize("field", [{"echo": True}, {"suffix": "s"}, {"best_of": 3}, {"presence_penalty": 0.5},
-                                   {"stop": [""]}, {"stream_options": {"include_usage": True}}])
+                                   {"stream_options": {"include_usage": True}}, {"logit_bias": {"50": 5}},
+                                   {"logit_bias": {"x": 5}}, {"n": 4, "max_tokens": 300}])
 def test_unsupported_or_invalid_fields_are_400(field):
     with pytest.raises(APIError) as e:
-        completion_params(CompletionRequest(prompt="x", **field), "fcfs")
-    assert e.value.status == 400
+        completion_params(CompletionRequest(prompt="x", **field), "fcfs", max_model_len=1024)
+    assert e.value.status == 400 and e.value.param
 
 
 def test_chat_logprobs():
