@@ -1,4 +1,4 @@
-"""`llmservice` command line: serve, demo, bench, operator."""
+"""`llmservice` command line: serve, demo, bench, operator, advise."""
 
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "operator":
         return _operator(argv[1:])
+    if argv and argv[0] == "advise":  # its own parser (operator/advisor/cli.py)
+        from llmservice.operator.advisor.cli import main as advise_main
+
+        return advise_main(argv[1:])
     parser = argparse.ArgumentParser(prog="llmservice")
     sub = parser.add_subparsers(dest="command", required=True)
     from llmservice.server.cli_args import add_serve_args
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--prompt", default="What is the capital of France?")
     demo.add_argument("--max-tokens", type=int, default=64)
     sub.add_parser("operator", help="run the Kubernetes operator (kopf); `operator render -f FILE` prints its manifests")
+    sub.add_parser("advise", help="find batching mistakes in a running server's /metrics (`advise URL --json`)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo(args)

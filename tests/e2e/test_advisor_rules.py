@@ -1,0 +1,60 @@
+"""End to end, one test per advisor rule: a real server started with the mistake, the
+workload that shows it, `llmservice advise --json` reporting exactly that rule with its
+numbers; then the server restarted with the recommended patch, and the finding is gone.
+
+Minutes each on 2 CPU cores (one torch thread per server): opt-in, `make e2e`.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.e2e.advisor_support import advise_during, server
+
+pytestmark = pytest.mark.e2e
+
+# the same for every run: the KV pool fits 8 full-length requests, so rule 4 stays quiet
+BASE = ["--max-model-len", "512", "--kv-cache-memory-gib", "0.25", "--max-num-seqs", "8"]
+
+
+def _random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(300, 40000) for _ in range(length)] for _ in range(n)]
+
+
+def test_rule_1_short_answers_at_block_32(tmp_path):
+    prompts = _random_prompts(24, 20, seed=1)
+    with server([*BASE, "--block-size", "32"], tmp_path) as url:
+        code, findings = advise_during(url, 30, prompts, max_tokens=10)
+    assert code == 3 and [f["rule"] for f in findings] == ["block-size"], findings
+    f = findings[0]
+    assert f["evidence"]["blockSize"] == 32 and f["evidence"]["meanGenerationTokens"] == 10
+    assert f["evidence"]["requests"] == 24
+    # tail (32-1)/2 = 15.5 slots on 20 + 10 tokens
+    assert f["evidence"]["kvWasteShare"] == pytest.approx(15.5 / 45.5, abs=1e-3)
+    assert f["recommendation"] == {"engine": {"blockSize": 16}}
+
+    with server([*BASE, "--block-size", "16"], tmp_path) as url:  # the patch applied
+        code, findings = advise_during(url, 30, prompts, max_tokens=10)
+    assert (code, findings) == (0, [])
+
+
+def test_rule_3_shared_system_prompt_with_caching_off(tmp_path):
+    rng = random.Random(3)
+    system = [rng.randrange(300, 40000) for _ in range(1000)]
+    prompts = [system + [rng.randrange(300, 40000) for _ in range(40)] for _ in range(8)]
+    args = ["--max-model-len", "2048", "--kv-cache-memory-gib", "0.5", "--max-num-seqs", "4"]
+    with server([*args, "--no-enable-prefix-caching"], tmp_path) as url:
+        code, findings = advise_during(url, 90, prompts, max_tokens=2, concurrency=2)
+    assert code == 3 and [f["rule"] for f in findings] == ["prefix-caching-off"], findings
+    ev = findings[0]["evidence"]
+    assert ev["promptTokens"] == 8 * 1040
+    # the 7 later prompts each share the system prompt's 62 full blocks of 16 tokens
+    assert ev["potentialHitTokens"] == 7 * 62 * 16
+    assert findings[0]["recommendation"] == {"engine": {"enablePrefixCaching": True}}
+
+    with server([*args, "--enable-prefix-caching"], tmp_path) as url:
+        code, findings = advise_during(url, 90, prompts, max_tokens=2, concurrency=2)
+    assert (code, findings) == (0, [])
