@@ -25,6 +25,10 @@ FIELD_MANAGER = "llmservice-operator"
 DEFAULT_SERVER_IMAGE = "ghcr.io/llmservice/llmservice:0.1.0"
 LABEL_SERVICE = "llmservice.dev/service"  # value: the LLMService name, on every child
 API_KEY_ENV = _KEY_VARS[0]  # the server reads --api-key from it (LLMSERVICE_API_KEY)
+# preStop: the pod is already out of the EndpointSlices (terminating) but keeps serving
+# while kube-proxy, ingresses and client-side balancers catch up; only then SIGTERM
+# starts the server's drain. A sleep action needs no binary in the image.
+PRE_STOP_SLEEP_S = 5
 SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 
 
@@ -240,6 +244,7 @@ def render_pod_spec(
         "startupProbe": _probe("/health", 10, math.ceil(e.startup_timeout_seconds / 10), 5),
         "livenessProbe": _probe("/health", 10, 3, 5),
         "readinessProbe": _probe("/ready", 5, 2, 3),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_S}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -254,8 +259,9 @@ def render_pod_spec(
         )
     tolerations += list(sched.tolerations)
     pod: dict[str, Any] = {
-        # Above the server's drain so in-flight requests finish before SIGKILL.
-        "terminationGracePeriodSeconds": math.ceil(e.shutdown_grace_seconds) + 15,
+        # preStop, then the server's drain, then a margin: in-flight requests finish
+        # before SIGKILL.
+        "terminationGracePeriodSeconds": PRE_STOP_SLEEP_S + math.ceil(e.shutdown_grace_seconds) + 15,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 1000,
