@@ -32,6 +32,9 @@ from typing import Any
 
 import httpx
 from llmservice.operator import telemetry as tm
+from llmservice.operator.advisor import loop_hook
+from llmservice.operator.advisor.service_advice import ServiceAdvisor
+from llmservice.operator.advisor.service_advice import enabled as advisor_enabled
 from llmservice.operator.autoscaler import (
     AutoscalingPolicy,
     Decision,
@@ -50,6 +53,9 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 SCALING_ACTIVE = "ScalingActive"
 DISABLED = "AutoscalingDisabled"
+DISABLED_MESSAGE = (
+    "autoscaling.enabled is false: spec.replicas belongs to kubectl scale, an HPA or KEDA"
+)
 COMPONENT = "llmservice-operator"
 
 
@@ -138,6 +144,7 @@ class _State:
     warned: bool = False  # a ScalingInactive Warning is standing
     last_scale_time: str | None = None
     last_scale_reason: str | None = None
+    advisor: ServiceAdvisor = field(default_factory=ServiceAdvisor)
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,7 @@ class AutoscaleLoop:
         self._period = period
         self._settle = settle_seconds  # let kopf's indexes fill before the first judgement
         self._states: dict[Key, _State] = {}
+        self._advice_only: dict[Key, _State] = {}  # autoscaling off, advisor on
         self._tasks: set[asyncio.Task[None]] = set()
         self.last_pass: float | None = None
         self.task: asyncio.Task[None] | None = None
@@ -201,7 +209,9 @@ class AutoscaleLoop:
             policy = AutoscalingPolicy.from_dict((body.get("spec") or {}).get("autoscaling"))
             if not policy.enabled:
                 self._disabled(key, body, sources)
+                self._advise_only(key, body, policy, sources, client, now)
                 continue
+            self._advice_only.pop(key, None)
             state = self._states.setdefault(key, _State())
             if state.busy or now < state.next_due:
                 continue
@@ -217,6 +227,8 @@ class AutoscaleLoop:
             task.add_done_callback(self._tasks.discard)
         for key in [k for k in self._states if k not in seen]:
             del self._states[key]  # deleted: the publisher forgets it in the delete handler
+        for key in [k for k in self._advice_only if k not in seen]:
+            del self._advice_only[key]
 
     def _disabled(self, key: Key, body: dict[str, Any], sources: Sources) -> None:
         """Switched off (or never on): say so once if ScalingActive is still there."""
@@ -227,13 +239,10 @@ class AutoscaleLoop:
         )
         if state is None and not stale:
             return
-        message = (
-            "autoscaling.enabled is false: spec.replicas belongs to kubectl scale, an HPA or KEDA"
-        )
         self._publisher.set_extra(
             key,
             {"signals": None, "desiredReplicas": None},
-            [condition("False", DISABLED, message)],
+            [condition("False", DISABLED, DISABLED_MESSAGE)],
         )
         emit = self._emitter(body)
         task = asyncio.create_task(
@@ -241,6 +250,67 @@ class AutoscaleLoop:
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _advise_only(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        policy: AutoscalingPolicy,
+        sources: Sources,
+        client: httpx.AsyncClient,
+        now: float,
+    ) -> None:
+        """Autoscaling off: still scrape once per interval for the advisor (default on)."""
+        if not advisor_enabled(body.get("spec")):
+            if self._advice_only.pop(key, None) is not None:
+                self._publisher.set_extra(
+                    key,
+                    {"signals": None, "desiredReplicas": None, "advice": None},
+                    [condition("False", DISABLED, DISABLED_MESSAGE)],
+                )
+                self._spawn(asyncio.to_thread(
+                    self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
+                ))
+            return
+        state = self._advice_only.setdefault(key, _State())
+        if state.busy or now < state.next_due:
+            return
+        state.busy = True
+        state.next_due = now + policy.interval_seconds
+        self._spawn(self._advise_safely(key, body, policy, state, sources, client))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _advise_safely(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        policy: AutoscalingPolicy,
+        state: _State,
+        sources: Sources,
+        client: httpx.AsyncClient,
+    ) -> None:
+        try:
+            ready = [p for p in sources.targets(key) if p.ready and p.ip and not p.terminating]
+            results = await scrape_pods(client, ready, scrape_timeout(policy))
+            fields, events = loop_hook.advise(state.advisor, body, results, self._clock())
+            for type_, message in events:
+                await self._event(body, type_, loop_hook.EVENT_REASON, message)
+            self._publisher.set_extra(
+                key,
+                {"signals": None, "desiredReplicas": None, **fields},
+                [condition("False", DISABLED, DISABLED_MESSAGE)],
+            )
+            await asyncio.to_thread(
+                self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
+            )
+        except Exception:
+            log.exception("advising %s/%s failed; retrying next interval", *key)
+        finally:
+            state.busy = False
 
     async def _evaluate_safely(
         self,
@@ -344,6 +414,10 @@ class AutoscaleLoop:
         if state.last_scale_time:
             fields["lastScaleTime"] = state.last_scale_time
             fields["lastScaleReason"] = state.last_scale_reason
+        advice, advice_events = loop_hook.advise(state.advisor, body, results, scraped_at)
+        fields.update(advice)
+        for type_, message in advice_events:
+            await self._event(body, type_, loop_hook.EVENT_REASON, message)
         status = "True" if decision.active else "False"
         self._publisher.set_extra(
             key, fields, [condition(status, decision.active_reason, decision.active_message)]

@@ -41,6 +41,7 @@ class PodTarget:
     port: int
     ready: bool
     terminating: bool
+    oom_restarts: int = 0  # container restarts whose last termination was OOMKilled (the advisor)
 
     @property
     def url(self) -> str:
@@ -64,6 +65,11 @@ def pod_target(body: dict[str, Any]) -> PodTarget:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+    oom = sum(
+        int(c.get("restartCount") or 0)
+        for c in status.get("containerStatuses") or []
+        if ((c.get("lastState") or {}).get("terminated") or {}).get("reason") == "OOMKilled"
+    )
     return PodTarget(
         uid=meta.get("uid", meta.get("name", "")),
         name=meta.get("name", ""),
@@ -71,6 +77,7 @@ def pod_target(body: dict[str, Any]) -> PodTarget:
         port=port,
         ready=ready and status.get("phase") == "Running",
         terminating=bool(meta.get("deletionTimestamp")),
+        oom_restarts=oom,
     )
 
 
@@ -137,13 +144,14 @@ class ScrapeResult:
     target: PodTarget
     sample: Sample | None
     error: str | None = None
+    text: str | None = None  # the page itself, for the advisor's rules
 
 
 async def scrape_pod(client: httpx.AsyncClient, target: PodTarget, timeout: float) -> ScrapeResult:
     try:
         response = await client.get(target.url, timeout=timeout)
         response.raise_for_status()
-        return ScrapeResult(target, parse_metrics(response.text))
+        return ScrapeResult(target, parse_metrics(response.text), text=response.text)
     except httpx.TimeoutException:
         return ScrapeResult(target, None, f"{target.name}: timed out after {timeout:g}s")
     except httpx.HTTPStatusError as exc:
