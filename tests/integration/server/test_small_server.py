@@ -105,7 +105,7 @@ def test_overload_gets_503_with_retry_after_and_memory_stays_bounded(small_serve
     idle = wait_until_engine_idle(small_server, 30)
     assert idle["vllm:kv_cache_usage_perc"] == 0.0  # every held-open stream was aborted on close
     # n beyond the bound can never be admitted: a 400, not a 503
-    r = httpx.post(small_server.base_url + "/completions", json={**body, "stream": False, "n": 9})
+    r = httpx.post(small_server.base_url + "/completions", json={**body, "stream": False, "n": 9, "max_tokens": 5})
     assert r.status_code == 400 and "max-waiting-requests" in r.json()["error"]["message"]
 
 
@@ -126,11 +126,15 @@ def test_fuzz_generation_endpoints_never_5xx(generation_schema, small_server, mo
         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
     )
     def check(case):
-        response = case.call(timeout=120)
+        response = case.call(timeout=120)  # a hang fails the test (ReadTimeout)
         seen.append(response.status_code)
         assert response.status_code < 500 or response.status_code == 503, (
             f"{response.status_code} for {case.body!r}: {response.text[:500]}"
         )
+        if 400 <= response.status_code < 500:  # every refusal is OpenAI-shaped, `param` included
+            err = response.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["code"] == response.status_code, err
+            assert err["message"] and err["type"], err
 
     check()
     assert seen and httpx.get(small_server.url + "/health").status_code == 200
