@@ -106,6 +106,14 @@ def condition(status: str, reason: str, message: str) -> dict[str, str]:
     return {"type": SCALING_ACTIVE, "status": status, "reason": reason, "message": message[:1024]}
 
 
+def _disabled_conditions(body: dict[str, Any]) -> list[dict[str, str]]:
+    """Autoscaling off: ScalingActive says so if it was ever on; never created otherwise."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    if any(c.get("type") == SCALING_ACTIVE for c in conditions):
+        return [condition("False", DISABLED, DISABLED_MESSAGE)]
+    return []
+
+
 def event_manifest(body: dict[str, Any], type_: str, reason: str, message: str) -> dict[str, Any]:
     """A core/v1 Event about an LLMService (what `kubectl describe` lists)."""
     meta, stamp = body["metadata"], utc_now()
@@ -266,7 +274,7 @@ class AutoscaleLoop:
                 self._publisher.set_extra(
                     key,
                     {"signals": None, "desiredReplicas": None, "advice": None},
-                    [condition("False", DISABLED, DISABLED_MESSAGE)],
+                    _disabled_conditions(body),
                 )
                 self._spawn(asyncio.to_thread(
                     self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
@@ -300,9 +308,7 @@ class AutoscaleLoop:
             for type_, message in events:
                 await self._event(body, type_, loop_hook.EVENT_REASON, message)
             self._publisher.set_extra(
-                key,
-                {"signals": None, "desiredReplicas": None, **fields},
-                [condition("False", DISABLED, DISABLED_MESSAGE)],
+                key, {"signals": None, "desiredReplicas": None, **fields}, _disabled_conditions(body)
             )
             await asyncio.to_thread(
                 self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)

@@ -38,6 +38,8 @@ class Script:
     mode: str = "ok"  # ok | error | hang | garbage
     alternate_kv: float | None = None  # if set, every other scrape reports this KV usage
     old_kv_name: bool = False  # only vllm:gpu_cache_usage_perc (vLLM before the rename)
+    block_size: int | None = None  # export vllm:cache_config_info with this block size
+    answer_tokens: float | None = None  # every scrape, 20 more finished requests of this length
 
 
 @dataclass
@@ -55,9 +57,28 @@ class _Counter:
         self.value, self.since, self.rate_per_minute = self.read(now), now, rate_per_minute
 
 
-def render(script: Script, preemptions: float, kv: float) -> str:
+def _advisor_text(script: Script, scrape: int) -> str:
+    """What the advisor's block-size rule reads: the cache config and the request shapes."""
+    text = ""
+    if script.block_size is not None:
+        text += (
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{script.block_size}",num_gpu_blocks="512"}} 1.0\n'
+        )
+    if script.answer_tokens is not None:
+        n, length = 20 * scrape, script.answer_tokens
+        for name, value in (("request_generation_tokens", length), ("request_prompt_tokens", 20.0)):
+            text += f"# TYPE vllm:{name} histogram\n"
+            for le in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000):
+                text += f'vllm:{name}_bucket{{model_name="m",le="{float(le)}"}} {n if value <= le else 0}\n'
+            text += f'vllm:{name}_bucket{{model_name="m",le="+Inf"}} {n}\n'
+            text += f'vllm:{name}_count{{model_name="m"}} {n}\nvllm:{name}_sum{{model_name="m"}} {n * value}\n'
+    return text
+
+
+def render(script: Script, preemptions: float, kv: float, scrape: int = 0) -> str:
     kv_name = "vllm:gpu_cache_usage_perc" if script.old_kv_name else "vllm:kv_cache_usage_perc"
-    return (
+    return _advisor_text(script, scrape) + (
         f"# TYPE {kv_name} gauge\n"
         f'{kv_name}{{model_name="m"}} {kv}\n'
         "# TYPE vllm:num_requests_waiting gauge\n"
@@ -170,7 +191,7 @@ class MetricsPods:
             if script.alternate_kv is not None and n % 2 == 0:
                 kv = script.alternate_kv
             value = self._preemptions(pod, n)
-            return web.Response(text=render(script, value, kv), content_type="text/plain")
+            return web.Response(text=render(script, value, kv, n), content_type="text/plain")
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)
