@@ -58,3 +58,44 @@ def test_rule_3_shared_system_prompt_with_caching_off(tmp_path):
     with server([*args, "--enable-prefix-caching"], tmp_path) as url:
         code, findings = advise_during(url, 90, prompts, max_tokens=2, concurrency=2)
     assert (code, findings) == (0, [])
+
+
+def test_rule_4_max_model_len_8192_for_200_token_requests(tmp_path):
+    prompts = _random_prompts(16, 150, seed=4)
+    pool = ["--kv-cache-memory-gib", "0.5", "--max-num-seqs", "8"]  # ~11k KV tokens
+    with server([*pool, "--max-model-len", "8192"], tmp_path) as url:
+        code, findings = advise_during(url, 60, prompts, max_tokens=50)
+    assert code == 3 and [f["rule"] for f in findings] == ["max-model-len"], findings
+    f = findings[0]
+    # p99.95 bucket bounds: prompts <= 200, answers <= 50 -> 250 tokens at p99.9
+    assert f["evidence"]["p999PromptPlusGenerationTokens"] == 250
+    assert f["evidence"]["maxModelLen"] == 8192 and f["evidence"]["fullLengthConcurrency"] == 1
+    patch = f["recommendation"]["engine"]
+    assert patch == {"maxModelLen": 256, "maxNumBatchedTokens": 2048}
+
+    fixed = ["--max-model-len", str(patch["maxModelLen"]), "--max-num-batched-tokens", str(patch["maxNumBatchedTokens"])]
+    with server([*pool, *fixed], tmp_path) as url:
+        code, findings = advise_during(url, 60, prompts, max_tokens=50)
+    assert (code, findings) == (0, [])
+
+
+def test_rule_5_tokenizer_blocking_the_event_loop(tmp_path):
+    """The test-only hook tokenizes on the event loop, 50 ms per request. The patch
+    (more tokenizer workers) cannot undo a tokenizer that runs on the loop, which our
+    server never does: the fixed run is the same server, patch applied, without the hook,
+    under the same load — and the loop lag must not give a false positive there."""
+    from llmservice.server.api.tokenizer_service import TEST_ONLY_SLOW_TOKENIZER_ENV
+
+    prompts = _random_prompts(60, 20, seed=5)
+    hook = {TEST_ONLY_SLOW_TOKENIZER_ENV: "50"}
+    with server(BASE, tmp_path, env=hook) as url:
+        code, findings = advise_during(url, 30, prompts, max_tokens=5)
+    assert code == 3 and [f["rule"] for f in findings] == ["event-loop-blocked"], findings
+    ev = findings[0]["evidence"]
+    assert ev["loopLagP99Seconds"] > 0.005 and ev["probesOver5ms"] > 0.01
+    assert ev["tokenizeSecondsPerRequest"] < 0.05  # the tokenizer itself is fast; the hook sleeps
+    extra = findings[0]["recommendation"]["engine"]["extraArgs"]
+
+    with server([*BASE, *extra], tmp_path) as url:
+        code, findings = advise_during(url, 30, prompts, max_tokens=5)
+    assert (code, findings) == (0, [])
