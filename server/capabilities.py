@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmservice.server.model.registry import BUILTIN_PREFIX, builtin_names
+from llmservice.server.model.sources import BadHubRefError, parse_hub_ref
 
 HF_PREFIX = "hf://"
-DOWNLOADS_FROM_HUB = False  # hf://org/name: no download path in the server yet
+DOWNLOADS_FROM_HUB = True  # hf://org/name: server/model/hub.py fetches it before start
 TENSOR_PARALLEL_SIZES = (1,)  # one device per engine
 
 
@@ -37,6 +38,11 @@ def model_unsupported(model: str) -> Unsupported | None:
     known = ", ".join(builtin_names())
     if model.startswith(HF_PREFIX):
         if DOWNLOADS_FROM_HUB:
+            try:
+                parse_hub_ref(model)
+            except BadHubRefError:
+                return Unsupported("model", model, "not a Hub model reference",
+                                   "hf://ORG/NAME or hf://ORG/NAME/FILE.gguf")
             return None
         return Unsupported(
             "model", model, "this server cannot download from the Hugging Face Hub yet",

@@ -37,7 +37,8 @@ class ConfigError(ValueError):
 class EngineConfig:
     model: str = arg(
         DEFAULT_MODEL, "model",
-        "builtin:NAME, a .gguf file or an HF model directory (default %(default)s)",
+        "builtin:NAME, a .gguf file, an HF model directory, or a Hugging Face Hub model: "
+        "hf://ORG/NAME, ORG/NAME, hf://ORG/NAME/FILE.gguf (default %(default)s)",
         nargs="?", crd="model.source",
         crd_default=CRDDefault(None, "required: every LLMService names its model"),
     )
@@ -171,8 +172,13 @@ class ServerArgs:
     )
     tensor_parallel_size: int = arg(1, "--tensor-parallel-size", "GPUs one replica shards the model over",
                                     type=int, aliases=("-tp",), crd="engine.tensorParallelSize")
-    download_dir: str | None = arg(None, "--download-dir",
-                                   "directory relative model paths are looked up in")
+    download_dir: str | None = arg(
+        None, "--download-dir",
+        "Hub download cache (default: HF_HUB_CACHE, i.e. $HF_HOME/hub); relative model paths are "
+        "looked up here too",
+    )
+    revision: str | None = arg(None, "--revision",
+                               "Hub branch, tag or commit of an hf:// model (default: main)")
     tokenizer_workers: int = arg(2, "--tokenizer-workers",
                                  "threads for tokenization off the event loop", type=int)
     log_level: str = arg("info", "--log-level", "log level", choices=LOG_LEVELS)

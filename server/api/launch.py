@@ -15,6 +15,7 @@ import sys
 
 from llmservice.server.cli_args import configs_from_args
 from llmservice.server.config import ConfigError
+from llmservice.server.model.hub import HubFetchError, localize
 
 log = logging.getLogger("llmservice.serve")
 
@@ -33,13 +34,6 @@ def curl_example(host: str, port: int, model: str) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from llmservice.server.api.app import create_app
-    from llmservice.server.api.engine_client import EngineClient, EngineStartError
-    from llmservice.server.api.server import run_server
-    from llmservice.server.api.serving import ServerState
-    from llmservice.server.api.tokenizer_service import TokenizerService, load_text_tokenizer
-    from llmservice.server.metrics import CacheInfo, ServerMetrics
-
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -47,6 +41,19 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    model_ref = config.model
+    try:  # a Hub model is fetched now, so every download failure exits before the port is bound
+        config = localize(config, server.revision, server.download_dir)
+    except HubFetchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    from llmservice.server.api.app import create_app
+    from llmservice.server.api.engine_client import EngineClient, EngineStartError
+    from llmservice.server.api.server import run_server
+    from llmservice.server.api.serving import ServerState
+    from llmservice.server.api.tokenizer_service import TokenizerService, load_text_tokenizer
+    from llmservice.server.metrics import CacheInfo, ServerMetrics
+
     client = EngineClient(config, log_level=level, show_progress=True)
     client.spawn()
     try:
@@ -62,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
         engine=client,
         tokenizer=TokenizerService(tokenizer, server.tokenizer_workers),
         served_model_names=names,
-        model_root=config.model,
+        model_root=model_ref,
         max_model_len=info.max_model_len,
         scheduling_policy=info.scheduling_policy,
         max_waiting_requests=server.max_waiting_requests or None,

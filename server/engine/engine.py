@@ -93,6 +93,7 @@ class LLMEngine:
         device = startup.resolve_device(config.device)
         dtype = startup.resolve_dtype(config.dtype, device)
         t0 = time.perf_counter()
+        owned = loaded is None  # ours: the model may free the unfused tensors as it fuses them
         if loaded is None:
             loaded = load_model(
                 config.model, torch.float32 if device.type == "cpu" else dtype, progress,
@@ -100,7 +101,7 @@ class LLMEngine:
             )
         config = config.resolve_lengths(loaded.config.max_position_embeddings)
         max_model_len = int(config.max_model_len)
-        model = LlamaModel(loaded.config, loaded.weights, device, dtype, max_model_len)
+        model = LlamaModel(loaded.config, loaded.weights, device, dtype, max_model_len, consume=owned)
         load_seconds = time.perf_counter() - t0
         plan = startup.plan_memory(config, model)
         log.info(plan.describe())

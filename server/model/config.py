@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ModelConfig:
-    architecture: str  # "llama", "mistral" or "qwen2"
+    architecture: str  # "llama", "mistral", "qwen2" or "qwen3"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -20,10 +20,14 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
+    qk_norm: bool = False  # Qwen3: RMSNorm of each q and k head before RoPE
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
+    # generation_config.json's sampling defaults (temperature, top_p, top_k) for requests
+    # that leave them unset
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_params(self) -> int:
@@ -31,6 +35,7 @@ class ModelConfig:
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        per_layer += (q + 2 * kv) * self.attention_bias + 2 * self.head_dim * self.qk_norm
         head = 0 if self.tie_word_embeddings else v * h
         return self.num_layers * per_layer + v * h + head + h
 

@@ -45,4 +45,6 @@ def dummy_weights(
         if config.attention_bias:
             w |= {p + f"self_attn.{x}_proj.bias": torch.zeros(d, dtype=dtype, device=device)
                   for x, d in (("q", q), ("k", kv), ("v", kv))}  # fmt: skip
+        if config.qk_norm:
+            w |= {p + f"self_attn.{x}_norm.weight": ones(config.head_dim) for x in "qk"}
     return w

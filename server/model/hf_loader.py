@@ -1,6 +1,9 @@
-"""HF directory loader: config.json + *.safetensors (+ tokenizer.json) for Llama, Mistral, Qwen2.
+"""HF directory loader: config.json + *.safetensors (+ tokenizer.json, generation_config.json)
+for Llama (2, 3.x with llama3 RoPE scaling), Mistral, Qwen2/2.5 and Qwen3.
 
-That is what users mount into pods (pvc://claim/path) or download (hf://org/name).
+That is what users mount into pods (pvc://claim/path) or download (hf://org/name, see
+hub.py). Weights go shard by shard, tensor by tensor, to the device in the serving dtype,
+so the host holds at most one shard beyond what the device keeps.
 """
 
 from __future__ import annotations
@@ -12,13 +15,26 @@ from pathlib import Path
 import torch
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+from llmservice.server.model.sources import ARCHITECTURES, architecture_problem
 from safetensors import safe_open
 
-_ARCHS = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
+_ARCHS = ARCHITECTURES
+_SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int}
+
+
+def _ids(value) -> list[int]:
+    return [int(v) for v in (value if isinstance(value, list) else [value] if value is not None else [])]
+
+
+def read_generation_config(path: Path) -> tuple[list[int], dict[str, float]]:
+    """generation_config.json's EOS ids and sampling defaults (as vLLM: whatever
+    temperature/top_p/top_k it names, do_sample aside)."""
+    file = path / "generation_config.json"
+    if not file.exists():
+        return [], {}
+    gen = json.loads(file.read_text())
+    defaults = {k: cast(gen[k]) for k, cast in _SAMPLING_KEYS.items() if gen.get(k) is not None}
+    return _ids(gen.get("eos_token_id")), defaults
 
 
 def read_hf_config(path: Path) -> ModelConfig:
@@ -29,12 +45,10 @@ def read_hf_config(path: Path) -> ModelConfig:
     archs = cfg.get("architectures") or []
     arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
     if arch is None:
-        raise UnsupportedModelError(
-            f"{cfg_file}: architecture {archs} is not supported (supported: {', '.join(_ARCHS)})"
-        )
+        raise UnsupportedModelError(f"{cfg_file}: {architecture_problem(archs)}")
     n_heads = cfg["num_attention_heads"]
-    eos = cfg.get("eos_token_id")
-    eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    gen_eos, sampling = read_generation_config(path)
+    eos_ids = list(dict.fromkeys(_ids(cfg.get("eos_token_id")) + gen_eos))
     return ModelConfig(
         architecture=arch,
         num_layers=cfg["num_hidden_layers"],
@@ -45,14 +59,17 @@ def read_hf_config(path: Path) -> ModelConfig:
         intermediate_size=cfg["intermediate_size"],
         vocab_size=cfg["vocab_size"],
         rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-        rope_scaling=cfg.get("rope_scaling"),
+        # Hub configs say rope_scaling; transformers >= 5 saves the same as rope_parameters
+        rope_scaling=cfg.get("rope_scaling") or cfg.get("rope_parameters"),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        qk_norm=arch == "qwen3",
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=[int(e) for e in eos_ids],
+        eos_token_ids=eos_ids,
         name=path.name,
+        sampling_defaults=sampling,
     )
 
 
@@ -65,6 +82,9 @@ def read_hf_tokenizer(path: Path) -> TokenizerSource:
     if tok_cfg.exists():
         cfg = json.loads(tok_cfg.read_text())
         template = cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
         source.chat_template = template if isinstance(template, str) else None
         source.add_bos_token = bool(cfg.get("add_bos_token", False))
     template_file = path / "chat_template.jinja"
@@ -82,16 +102,37 @@ def read_hf_info(path: Path) -> tuple[ModelConfig, TokenizerSource]:
     return config, tokenizer
 
 
-def load_hf_dir(path: Path, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None) -> LoadedModel:
-    config, tokenizer = read_hf_info(path)
+def shard_files(path: Path) -> list[Path]:
+    """The safetensors files, in model.safetensors.index.json's order when there is one."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = dict.fromkeys(json.loads(index.read_text())["weight_map"].values())
+        missing = [n for n in names if not (path / n).exists()]
+        if missing:
+            raise UnsupportedModelError(f"{path}: shards named in {index.name} are missing: {missing[:3]}")
+        return [path / n for n in names]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise UnsupportedModelError(f"{path}: no *.safetensors files")
+    return files
+
+
+def load_hf_dir(
+    path: Path,
+    dtype: torch.dtype,
+    progress: Callable[[int, int], None] | None = None,
+    device: torch.device | str = "cpu",
+) -> LoadedModel:
+    """Shard by shard: each tensor is read from the memory-mapped file and moved to
+    `device` in `dtype` at once, so host memory never holds more than one shard's pages
+    beyond the weights kept (on a GPU: nothing beyond one shard)."""
+    config, tokenizer = read_hf_info(path)
+    files = shard_files(path)
     weights: dict[str, torch.Tensor] = {}
     for i, file in enumerate(files):
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
-                weights[key] = f.get_tensor(key).to(dtype)
+                weights[key] = f.get_tensor(key).to(device=device, dtype=dtype)
         if progress:
             progress(i + 1, len(files))
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=path)

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) whose attention reads/writes a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) whose attention reads/writes a paged KV cache.
 
 Plain tensors and F.linear rather than nn.Modules: the model is a pure function of
 (tokens, positions, attention metadata, KV pools). Q/K/V and gate/up projections are
@@ -26,6 +26,8 @@ class LayerWeights:
     down: torch.Tensor
     input_norm: torch.Tensor
     post_attn_norm: torch.Tensor
+    q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm over each head of q and k
+    k_norm: torch.Tensor | None = None
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -66,14 +68,21 @@ class LlamaModel:
         device: torch.device,
         dtype: torch.dtype,
         max_positions: int,
+        consume: bool = False,
     ):
+        """`consume=True` empties `weights` as the layers are built, so the unfused
+        tensors are freed one layer at a time (peak memory ~ the weights, not twice)."""
         self.config = config
         self.device = device
         self.dtype = dtype
-        w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-        self.embed = w.pop("model.embed_tokens.weight")
-        self.final_norm = w.pop("model.norm.weight")
-        lm_head = w.pop("lm_head.weight", None)
+        w = weights if consume else dict(weights)
+
+        def take(name: str) -> torch.Tensor:
+            return w.pop(name).to(device=device, dtype=dtype)
+
+        self.embed = take("model.embed_tokens.weight")
+        self.final_norm = take("model.norm.weight")
+        lm_head = take("lm_head.weight") if "lm_head.weight" in w else None
         self.lm_head = self.embed if (lm_head is None or config.tie_word_embeddings) else lm_head
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
@@ -81,16 +90,18 @@ class LlamaModel:
             a, m = p + "self_attn.", p + "mlp."
             bias = None
             if config.attention_bias:
-                bias = torch.cat([w.pop(a + f"{n}_proj.bias") for n in "qkv"])
+                bias = torch.cat([take(a + f"{n}_proj.bias") for n in "qkv"])
             self.layers.append(
                 LayerWeights(
-                    qkv=torch.cat([w.pop(a + f"{n}_proj.weight") for n in "qkv"]).contiguous(),
+                    qkv=torch.cat([take(a + f"{n}_proj.weight") for n in "qkv"]).contiguous(),
                     qkv_bias=bias,
-                    o_proj=w.pop(a + "o_proj.weight"),
-                    gate_up=torch.cat([w.pop(m + "gate_proj.weight"), w.pop(m + "up_proj.weight")]).contiguous(),
-                    down=w.pop(m + "down_proj.weight"),
-                    input_norm=w.pop(p + "input_layernorm.weight"),
-                    post_attn_norm=w.pop(p + "post_attention_layernorm.weight"),
+                    o_proj=take(a + "o_proj.weight"),
+                    gate_up=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]).contiguous(),
+                    down=take(m + "down_proj.weight"),
+                    input_norm=take(p + "input_layernorm.weight"),
+                    post_attn_norm=take(p + "post_attention_layernorm.weight"),
+                    q_norm=take(a + "q_norm.weight") if config.qk_norm else None,
+                    k_norm=take(a + "k_norm.weight") if config.qk_norm else None,
                 )
             )
         self.cos_sin_cache = rope_cache(config, max_positions, device)
@@ -128,6 +139,9 @@ class LlamaModel:
             q = q.view(t, cfg.num_heads, cfg.head_dim)
             k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
             v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
+            if layer.q_norm is not None:
+                q = ops.rms_norm(q.reshape(-1, cfg.head_dim), layer.q_norm, eps).view(t, cfg.num_heads, cfg.head_dim)
+                k = ops.rms_norm(k.reshape(-1, cfg.head_dim), layer.k_norm, eps).view(t, cfg.num_kv_heads, cfg.head_dim)
             ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
             k_cache, v_cache = kv_caches[i]
             ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -1,7 +1,9 @@
-"""Load a model reference (builtin:NAME, a .gguf file, an HF directory) into a LoadedModel."""
+"""Load a model reference (builtin:NAME, a .gguf file, an HF directory, a Hub repo) into a LoadedModel."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,11 +15,22 @@ from llmservice.server.model.gguf_loader import load_gguf, read_gguf_info
 from llmservice.server.model.hf_loader import load_hf_dir, read_hf_info
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
 from llmservice.server.model.registry import resolve_model_path
+from llmservice.server.model.sources import parse_hub_ref
+
+log = logging.getLogger("llmservice.loader")
 
 
 def model_path(model: str | Path) -> tuple[Path, str]:
-    """The file or directory a reference names, and its kind: 'hf' or 'gguf'."""
-    path = resolve_model_path(str(model))
+    """The file or directory a reference names, and its kind: 'hf' or 'gguf'. A Hub
+    reference is fetched into the default cache (`serve` fetches it earlier, with its
+    --revision and --download-dir, and passes the local folder)."""
+    ref = parse_hub_ref(str(model))
+    if ref is not None:
+        from llmservice.server.model.hub import fetch_model
+
+        path = fetch_model(ref)
+    else:
+        path = resolve_model_path(str(model))
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if (path / "config.json").exists() or not ggufs:
@@ -49,4 +62,13 @@ def load_model(
         path, config, tokenizer = read_model_info(model)
         return LoadedModel(config=config, weights=dummy_weights(config, dtype, device), tokenizer=tokenizer, path=path)
     path, kind = model_path(model)
-    return load_hf_dir(path, dtype, progress) if kind == "hf" else load_gguf(path, dtype, progress)
+    t0 = time.perf_counter()
+    if kind == "hf":
+        loaded = load_hf_dir(path, dtype, progress, device=device)
+    else:
+        loaded = load_gguf(path, dtype, progress)
+    dt = time.perf_counter() - t0
+    size = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+    log.info("loaded %s: %.2f GB of %s weights in %.2f s (%.2f GB/s)", path, size / 1e9,
+             str(dtype).removeprefix("torch."), dt, size / 1e9 / max(dt, 1e-9))
+    return loaded
