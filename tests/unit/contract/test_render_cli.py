@@ -70,7 +70,6 @@ def test_render_prints_what_the_operator_applies_with_the_plan():
 @pytest.mark.parametrize(
     ("example", "message"),
     [
-        ("llama-3-8b", "LLMService llama-3-8b: UnsupportedByEngine: spec.model.source hf://"),
         ("llama-3-70b-tp4", "LLMService llama-3-70b: UnsupportedByEngine: spec.engine.tensorParallelSize 4"),
     ],
 )
@@ -107,9 +106,20 @@ def test_the_operator_ceiling_applies_as_in_the_cluster(capsys, tmp_path):
     assert code == 0 and "- --gpu-memory-utilization\n        - '0.8'" in out
 
 
+def test_an_hf_model_renders_a_pod_the_server_starts(capsys):
+    code, out, err = run(capsys, "-f", str(ROOT / "examples/llama-3-8b.yaml"))
+    assert code == 0, err
+    (deployment,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    engine, server = configs_from_args(parse_serve_argv(args[1:]))
+    assert engine.model == "hf://meta-llama/Meta-Llama-3-8B-Instruct" and server.download_dir
+
+
 def test_every_mistake_of_a_file_is_listed(capsys, tmp_path):
+    unknown = yaml.safe_load((ROOT / "examples/llama-3-8b.yaml").read_text())
+    unknown["spec"]["model"]["source"] = "builtin:nope"  # the CRD admits it; the server has none
     docs = [
-        yaml.safe_load((ROOT / "examples/llama-3-8b.yaml").read_text()),
+        unknown,
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"}},
         yaml.safe_load((ROOT / "examples/llama-3-70b-tp4.yaml").read_text()),
     ]
