@@ -12,11 +12,15 @@ smallest tensor-parallel size that fits the requested length.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from llmservice.operator.catalog import CATALOG, Architecture, lookup
 from llmservice.operator.spec import LLMServiceSpec
 from llmservice.server.config import CPU_KV_CACHE_GIB
+
+if TYPE_CHECKING:
+    from llmservice.operator.hub_shape import FoundShape
 
 GIB = 1024**3
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
@@ -44,6 +48,7 @@ class Shape:
     max_num_batched_tokens: int
     max_num_seqs: int
     block_size: int
+    pipeline_parallel_size: int = 1  # stages hold 1/PP of the layers each (vLLM)
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,9 @@ class MemoryPlan:
     estimated_kv_blocks: int
     estimated_max_concurrent_sequences: int  # sequences of max_model_len tokens at once
     gpu_memory_utilization: float
+    shape_source: str = "catalog"  # spec.model.architecture | catalog:NAME | hub:REPO@COMMIT
 
-    def as_status(self) -> dict[str, float | int]:
+    def as_status(self) -> dict[str, float | int | str]:
         return {
             "budgetGiBPerGPU": round(self.budget_gib_per_gpu, 2),
             "weightsGiBPerGPU": round(self.weights_gib_per_gpu, 2),
@@ -71,6 +77,7 @@ class MemoryPlan:
             "estimatedKVBlocks": self.estimated_kv_blocks,
             "estimatedMaxConcurrentSequences": self.estimated_max_concurrent_sequences,
             "gpuMemoryUtilization": self.gpu_memory_utilization,
+            "shapeSource": self.shape_source,
         }
 
 
@@ -94,12 +101,16 @@ def kv_heads_per_gpu(arch: Architecture, tp: int) -> int:
 
 
 def plan_memory(shape: Shape) -> MemoryPlan:
-    """Weights, activation reserve and KV cache per GPU for one configuration."""
+    """Weights, activation reserve and KV cache per GPU for one configuration. With
+    pipeline parallelism each GPU holds 1/(TP x PP) of the weights and the KV cache of
+    its stage's layers (ceil(layers / PP)) for its 1/TP share of the KV heads."""
     arch, tp, nbytes = shape.architecture, shape.tensor_parallel_size, shape.dtype_bytes
+    pp = max(1, shape.pipeline_parallel_size)
     budget = shape.gpu_memory_gib * shape.utilization * GIB
-    weights = arch.parameters * nbytes / tp
+    weights = arch.parameters * nbytes / (tp * pp)
     kv_per_token = 2 * arch.num_layers * arch.num_key_value_heads * arch.head_dim * nbytes
-    kv_per_token_gpu = 2 * arch.num_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim * nbytes
+    stage_layers = math.ceil(arch.num_layers / pp)
+    kv_per_token_gpu = 2 * stage_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim * nbytes
     reserve = activation_reserve_bytes(shape)
     kv_cache = max(0.0, budget - weights - reserve)
     blocks = int(kv_cache // (kv_per_token_gpu * shape.block_size))
@@ -154,32 +165,65 @@ def smallest_tensor_parallel_size(shape: Shape) -> int | None:
 
 def resolve_architecture(spec: LLMServiceSpec) -> Architecture | None:
     """The user's architecture, else the catalog entry named or implied by the source."""
+    found = resolve_shape(spec)
+    return found[0] if found else None
+
+
+def resolve_shape(spec: LLMServiceSpec) -> tuple[Architecture, str] | None:
+    """The architecture the spec or the catalog gives, and where it came from."""
     model = spec.model
     if model.architecture is not None:
-        return model.architecture
+        return model.architecture, "spec.model.architecture"
     if model.catalog_name and model.catalog_name in CATALOG:
-        return CATALOG[model.catalog_name].architecture
+        return CATALOG[model.catalog_name].architecture, f"catalog:{model.catalog_name}"
     entry = lookup(model.source)
-    return entry.architecture if entry else None
+    return (entry.architecture, f"catalog:{entry.name}") if entry else None
 
 
-def check_fit(spec: LLMServiceSpec, max_utilization: float = 0.95) -> FitResult:
-    """Decide VRAMFit for a spec; `max_utilization` is the operator-wide ceiling."""
-    arch = resolve_architecture(spec)
-    engine, gpus = spec.engine, spec.gpus_per_replica
-    utilization = min(spec.resources.gpu_memory_utilization, max_utilization)
-    if arch is None:
+def shape_unknown(spec: LLMServiceSpec, hub: FoundShape | None) -> FitResult:
+    """VRAMFit=Unknown: no shape from the spec, the catalog or the Hub (the pods still
+    roll out; the server itself says at start whether the model loads)."""
+    if hub is not None and hub.problem:
         return FitResult(
             "Unknown",
-            "ArchitectureUnknown",
-            f"the operator does not know the shape of {spec.model.source!r}; set "
-            "spec.model.catalogName or spec.model.architecture to get a VRAM check",
+            "ShapeUnavailable",
+            f"cannot read the shape of {spec.model.source!r} from the Hub: {hub.problem}; "
+            "rolling out without a VRAM check (set spec.model.catalogName or "
+            "spec.model.architecture to check without the Hub)",
         )
+    return FitResult(
+        "Unknown",
+        "ArchitectureUnknown",
+        f"the operator does not know the shape of {spec.model.source!r}; set "
+        "spec.model.catalogName or spec.model.architecture to get a VRAM check",
+    )
+
+
+def check_fit(
+    spec: LLMServiceSpec, max_utilization: float = 0.95, hub: FoundShape | None = None
+) -> FitResult:
+    """Decide VRAMFit for a spec; `max_utilization` is the operator-wide ceiling. `hub` is
+    what the Hub said about an `hf://` model the spec and the catalog do not know."""
+    known = resolve_shape(spec)
+    if known is None and hub is not None and hub.architecture is not None:
+        known = hub.architecture, hub.source
+    if known is None:
+        return shape_unknown(spec, hub)
+    result = _check_known(spec, known[0], max_utilization)
+    if result.plan is None:
+        return result
+    return replace(result, plan=replace(result.plan, shape_source=known[1]))
+
+
+def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: float) -> FitResult:
+    engine, gpus = spec.engine, spec.gpus_per_replica
+    utilization = min(spec.resources.gpu_memory_utilization, max_utilization)
     on_gpu = gpus > 0
     shape = Shape(
         architecture=arch,
         dtype_bytes=dtype_bytes(engine.dtype, on_gpu),
         tensor_parallel_size=max(1, engine.tensor_parallel_size),
+        pipeline_parallel_size=max(1, engine.pipeline_parallel_size),
         gpu_memory_gib=spec.resources.gpu.memory_gib,
         utilization=utilization,
         max_model_len=engine.max_model_len,
