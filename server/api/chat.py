@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from llmservice.server.api.params import chat_params
+from llmservice.server.api.params import chat_params, with_model_defaults
 from llmservice.server.api.protocol import ChatCompletionRequest
 from llmservice.server.api.serving import (
     ClientDisconnected,
@@ -45,7 +45,7 @@ async def chat_logprobs(tok: TokenizerService, delta: Delta) -> list[dict]:
 async def create_chat_completion(req: ChatCompletionRequest, raw: HTTPRequest, state: ServerState):
     arrival = time.monotonic()
     state.check_model(req.model)
-    params = chat_params(req, state.scheduling_policy, state.max_model_len)
+    params = chat_params(with_model_defaults(req, state.sampling_defaults), state.scheduling_policy, state.max_model_len)
     with state.admitted(req.n) as reservation:
         prompt = await state.tokenizer.encode_chat(message_dicts(req.messages), req.add_generation_prompt)
         request_id, gen = await start_generation(state, reservation, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl")

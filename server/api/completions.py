@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from llmservice.server.api.errors import APIError
-from llmservice.server.api.params import completion_params
+from llmservice.server.api.params import completion_params, with_model_defaults
 from llmservice.server.api.protocol import CompletionRequest
 from llmservice.server.api.serving import (
     ClientDisconnected,
@@ -74,7 +74,8 @@ def _merge_logprobs(acc: dict | None, new: dict) -> dict:
 async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: ServerState):
     arrival = time.monotonic()
     state.check_model(req.model)
-    params = completion_params(req, state.scheduling_policy, state.max_model_len, state.max_tokens_default)
+    params = completion_params(with_model_defaults(req, state.sampling_defaults), state.scheduling_policy,
+                               state.max_model_len, state.max_tokens_default)
     prompts, are_ids = prompt_batch(req.prompt)
     with state.admitted(len(prompts) * req.n) as reservation:
         if are_ids:

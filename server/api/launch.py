@@ -53,6 +53,7 @@ def serve(args: argparse.Namespace) -> int:
     from llmservice.server.api.serving import ServerState
     from llmservice.server.api.tokenizer_service import TokenizerService, load_text_tokenizer
     from llmservice.server.metrics import CacheInfo, ServerMetrics
+    from llmservice.server.model.hf_loader import sampling_defaults
 
     client = EngineClient(config, log_level=level, show_progress=True)
     client.spawn()
@@ -74,6 +75,7 @@ def serve(args: argparse.Namespace) -> int:
         scheduling_policy=info.scheduling_policy,
         max_waiting_requests=server.max_waiting_requests or None,
         max_tokens_default=server.max_tokens_default,
+        sampling_defaults=sampling_defaults(config.model),
         request_timeout_s=server.request_timeout_s,
         api_key=server.api_key,
         max_request_body_bytes=server.max_request_body_bytes,

@@ -54,6 +54,13 @@ def check_total_tokens(n: int, max_tokens: int | None, max_model_len: int | None
         )
 
 
+def with_model_defaults(req: SamplingFields, defaults: dict[str, float]) -> SamplingFields:
+    """The request with the model's generation_config.json sampling defaults (temperature,
+    top_p, top_k) in the fields it left unset; what it set wins (vLLM's rule)."""
+    unset = {k: v for k, v in defaults.items() if getattr(req, k, 0) is None}
+    return req.model_copy(update=unset) if unset else req
+
+
 def _build(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     temperature = 1.0 if req.temperature is None else req.temperature
     if temperature < SAMPLING_EPS:

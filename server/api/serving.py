@@ -42,6 +42,7 @@ class ServerState:
     scheduling_policy: str
     max_waiting_requests: int | None
     max_tokens_default: int | None = None  # --max-tokens-default
+    sampling_defaults: dict[str, float] = field(default_factory=dict)  # generation_config.json
     request_timeout_s: float | None = None  # --request-timeout-s
     api_key: str | None = None  # --api-key (checked by guards.APIKeyMiddleware)
     max_request_body_bytes: int = 16 * 1024 * 1024

@@ -37,6 +37,12 @@ def read_generation_config(path: Path) -> tuple[list[int], dict[str, float]]:
     return _ids(gen.get("eos_token_id")), defaults
 
 
+def sampling_defaults(model: str) -> dict[str, float]:
+    """The sampling defaults of a local HF model folder (empty for anything else)."""
+    path = Path(model)
+    return read_generation_config(path)[1] if path.is_dir() else {}
+
+
 def read_hf_config(path: Path) -> ModelConfig:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
