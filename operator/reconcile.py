@@ -41,6 +41,7 @@ PLURALS = {
     "Service": "services",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors",
+    "NetworkPolicy": "networkpolicies",
 }
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1"
 
@@ -146,6 +147,10 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
         pdb_path = path_for("policy/v1", "poddisruptionbudgets", owner.namespace, owner.name)
         if kube.delete(pdb_path) is not None:
             emit("Normal", "Deleted", f"Deleted PodDisruptionBudget {owner.name} (replicas <= 1)")
+    if manifests.network_policy is None:
+        np_path = path_for("networking.k8s.io/v1", "networkpolicies", owner.namespace, owner.name)
+        if kube.delete(np_path) is not None:
+            emit("Normal", "Deleted", f"Deleted NetworkPolicy {owner.name} (spec.networkPolicy disabled)")
     return Outcome(fit, True, deployment_view(applied["Deployment"]), support)
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from llmservice.operator.network_policy import render_network_policy
 from llmservice.operator.spec import API_VERSION, KIND, LLMServiceSpec
 from llmservice.server.cli_args import API_KEY_ENV as _KEY_VARS
 from llmservice.server.cli_args import BY_NAME, to_argv
@@ -47,9 +48,11 @@ class Manifests:
     service: dict[str, Any]
     pdb: dict[str, Any] | None
     service_monitor: dict[str, Any] | None
+    network_policy: dict[str, Any] | None = None  # spec.networkPolicy.enabled
 
     def all(self) -> list[dict[str, Any]]:
-        return [m for m in (self.deployment, self.service, self.pdb, self.service_monitor) if m]
+        children = (self.deployment, self.service, self.pdb, self.service_monitor, self.network_policy)
+        return [m for m in children if m]
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -87,6 +90,7 @@ def render(
         service=render_service(owner),
         pdb=render_pdb(owner) if spec.replicas > 1 else None,
         service_monitor=render_service_monitor(owner) if with_service_monitor else None,
+        network_policy=render_network_policy(_metadata(owner), selector_labels(owner.name), PORT, spec.network_policy),
     )
 
 

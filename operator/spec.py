@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmservice.operator.catalog import Architecture
+from llmservice.operator.network_policy import NetworkPolicySpec
 from llmservice.server.cli_args import BY_NAME
 
 GROUP = "llmservice.dev"
@@ -228,10 +229,12 @@ class LLMServiceSpec:
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     replicas: int = 1
+    network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LLMServiceSpec:
         return cls(
+            network_policy=NetworkPolicySpec.from_dict(data.get("networkPolicy")),
             model=ModelSpec.from_dict(data["model"]),
             engine=EngineSpec.from_dict(data.get("engine")),
             resources=ResourcesSpec.from_dict(data.get("resources")),

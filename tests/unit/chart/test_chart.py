@@ -39,6 +39,8 @@ OPERATOR_RULES = {
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
     ("", "services"): {"get", "create", "patch"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
+    # spec.networkPolicy: applied when enabled, deleted when disabled
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"create"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
