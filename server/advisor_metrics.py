@@ -4,7 +4,9 @@
   have served, counted even with the cache off (a bounded sketch of recent block hashes,
   server/engine/prefix_sketch.py): the evidence for turning caching on (rule 3).
 - `llmservice:event_loop_lag_seconds`: how late the API event loop wakes a periodic
-  probe (server/api/loop_probe.py): tokenizer or other CPU work on the loop (rule 5).
+  probe (server/api/loop_probe.py): tokenizer or other CPU work on the loop (rule 5);
+  `llmservice:event_loop_busy_lag_seconds`: the part of it spent on the loop's CPU (not
+  a CPU-starved process).
 - `llmservice:tokenize_seconds_total` / `llmservice:detokenize_seconds_total`: CPU time
   in the tokenizer (API worker pool) and the incremental detokenizer (engine core).
 - `llmservice:engine_config_info`: the scheduler's limits, labelled like vLLM's
@@ -36,6 +38,11 @@ class AdvisorMetrics:
         self.loop_lag = Histogram(
             "llmservice:event_loop_lag_seconds",
             "How late the API event loop ran a periodic probe, in seconds.",
+            ["model_name"], buckets=LOOP_LAG_BUCKETS, registry=registry,
+        ).labels(**m)
+        self.loop_busy_lag = Histogram(
+            "llmservice:event_loop_busy_lag_seconds",
+            "The part of each probe's lag the event loop's thread spent on the CPU, in seconds.",
             ["model_name"], buckets=LOOP_LAG_BUCKETS, registry=registry,
         ).labels(**m)
         self.tokenize_seconds = Counter(

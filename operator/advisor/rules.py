@@ -32,6 +32,7 @@ WAITING = "vllm:num_requests_waiting"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 POTENTIAL_HITS = "llmservice:prefix_cache_potential_hits_total"
 LOOP_LAG = "llmservice:event_loop_lag_seconds"
+LOOP_BUSY_LAG = "llmservice:event_loop_busy_lag_seconds"
 TOKENIZE_SECONDS = "llmservice:tokenize_seconds_total"
 DETOKENIZE_SECONDS = "llmservice:detokenize_seconds_total"
 REQUESTS_FINISHED = "vllm:e2e_request_latency_seconds"
@@ -329,6 +330,13 @@ def event_loop_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
         "probes": int(lag.count),
         "threshold": LOOP_LAG_P99_SECONDS,
     }
+    busy = snap.histogram(LOOP_BUSY_LAG)
+    if busy is not None and busy.count:
+        # late, but not because of work on the loop: a CPU-starved process (not this rule)
+        busy_above = busy.fraction_above(LOOP_LAG_P99_SECONDS) or 0.0
+        if busy_above <= 0.01 + 1e-9:
+            return None
+        evidence["busyLagP99Seconds"] = _r(busy.quantile(0.99) or 0.0, 4)
     requests = _finished(snap)
     for key, name in (("tokenizeSecondsPerRequest", TOKENIZE_SECONDS), ("detokenizeSecondsPerRequest", DETOKENIZE_SECONDS)):
         spent = snap.increase(name)

@@ -44,7 +44,9 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.engine.attach(asyncio.get_running_loop(), metrics)
-        probe = asyncio.create_task(probe_event_loop(metrics.advisor.loop_lag.observe))
+        probe = asyncio.create_task(probe_event_loop(
+            metrics.advisor.loop_lag.observe, observe_busy=metrics.advisor.loop_busy_lag.observe
+        ))
         yield
         probe.cancel()
         state.engine.abort(list(state.engine.streams))

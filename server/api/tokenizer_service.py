@@ -42,7 +42,7 @@ def message_dicts(messages) -> list[dict]:
     return out
 
 
-# TEST ONLY: tokenize on the event loop, each call made this many ms slower (time.sleep),
+# TEST ONLY: tokenize on the event loop, each call made this many ms slower (CPU spin),
 # to reproduce seed 000's fifth mistake in end-to-end tests of the advisor. Never set it
 # in production: it blocks every stream of the server for that long per request.
 TEST_ONLY_SLOW_TOKENIZER_ENV = "LLMSERVICE_TEST_ONLY_SLOW_TOKENIZER_ON_EVENT_LOOP_MS"
@@ -61,9 +61,15 @@ class TokenizerService:
     async def _run_timed(self, fn, *args):
         """Tokenizer work, timed; on the loop itself only under the test-only hook."""
         if self._test_only_loop_delay_s > 0:
-            time.sleep(self._test_only_loop_delay_s)  # deliberately blocks the loop (test only)
-            return self._timed(fn, *args)
+            return self._timed(self._test_only_slow, fn, *args)  # on the loop: blocks it
         return await self._run(self._timed, fn, *args)
+
+    def _test_only_slow(self, fn, *args):
+        """A slow tokenizer (test only): burns the CPU, and holds the GIL, as a slow one would."""
+        end = time.perf_counter() + self._test_only_loop_delay_s
+        while time.perf_counter() < end:
+            pass
+        return fn(*args)
 
     def _timed(self, fn, *args):
         t0 = time.perf_counter()

@@ -60,11 +60,11 @@ def server(args: list[str], log_dir: Path, env: dict[str, str] | None = None) ->
             proc.wait(10)
 
 
-async def _drive(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> None:
+async def _drive(url: str, prompts: list[list[int]] | list[str], max_tokens: int, concurrency: int) -> None:
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=300, trust_env=False) as client:
 
-        async def one(prompt: list[int]) -> None:
+        async def one(prompt: list[int] | str) -> None:
             async with gate:
                 r = await client.post("/v1/completions", json={
                     "model": "builtin:smollm2-135m", "prompt": prompt, "max_tokens": max_tokens,
@@ -75,7 +75,7 @@ async def _drive(url: str, prompts: list[list[int]], max_tokens: int, concurrenc
         await asyncio.gather(*(one(p) for p in prompts))
 
 
-def advise_during(url: str, window: float, prompts: list[list[int]], max_tokens: int,
+def advise_during(url: str, window: float, prompts: list[list[int]] | list[str], max_tokens: int,
                   concurrency: int = 4) -> tuple[int, list[dict]]:
     """Start `llmservice advise URL --window W --json`, drive the workload inside the
     window, and return its exit code and findings."""

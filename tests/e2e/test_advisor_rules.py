@@ -86,14 +86,14 @@ def test_rule_5_tokenizer_blocking_the_event_loop(tmp_path):
     under the same load — and the loop lag must not give a false positive there."""
     from llmservice.server.api.tokenizer_service import TEST_ONLY_SLOW_TOKENIZER_ENV
 
-    prompts = _random_prompts(60, 20, seed=5)
+    prompts = [f"Request {i}: translate this short sentence into French, please." for i in range(60)]  # text: tokenized
     hook = {TEST_ONLY_SLOW_TOKENIZER_ENV: "50"}
     with server(BASE, tmp_path, env=hook) as url:
         code, findings = advise_during(url, 30, prompts, max_tokens=5)
     assert code == 3 and [f["rule"] for f in findings] == ["event-loop-blocked"], findings
     ev = findings[0]["evidence"]
     assert ev["loopLagP99Seconds"] > 0.005 and ev["probesOver5ms"] > 0.01
-    assert ev["tokenizeSecondsPerRequest"] < 0.05  # the tokenizer itself is fast; the hook sleeps
+    assert ev["tokenizeSecondsPerRequest"] >= 0.05  # the slow tokenizer shows in the evidence
     extra = findings[0]["recommendation"]["engine"]["extraArgs"]
 
     with server([*BASE, *extra], tmp_path) as url:

@@ -12,6 +12,7 @@ from llmservice.operator.advisor.snapshot import Histogram, Scrape, Snapshot
 
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000]
 LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+LAG_BUSY = LAG_BUCKETS
 
 
 def hist(observations: list[tuple[float, int]], buckets: list[float]) -> Histogram:
@@ -137,6 +138,15 @@ def test_the_good_service_stays_silent_with_each_rule_near_its_threshold():
     settings = replace(GOOD, block_size=32, enable_prefix_caching=False)
     for snap in near:
         assert rules.evaluate(snap, settings) == []
+
+
+def test_loop_lag_from_a_cpu_starved_process_is_not_the_event_loop_rule():
+    snap = snapshot(lag_slow=30)
+    starved = Scrape({**snap.after.values}, {**snap.after.histograms, rules.LOOP_BUSY_LAG: hist([(0.0002, 600)], LAG_BUSY)})
+    busy = Scrape({**snap.after.values}, {**snap.after.histograms, rules.LOOP_BUSY_LAG: hist([(0.0002, 570), (0.008, 30)], LAG_BUSY)})
+    assert rules.event_loop_rule(Snapshot(snap.before, starved, 60), GOOD) is None
+    found = rules.event_loop_rule(Snapshot(snap.before, busy, 60), GOOD)
+    assert found is not None and found.evidence["busyLagP99Seconds"] > 0.005
 
 
 def test_block_size_waste_arithmetic():

@@ -36,19 +36,30 @@ def test_advisor_metrics_are_exported_and_read_back_as_settings():
     assert s.max_num_batched_tokens == 2048 and s.gpu_memory_utilization == 0.9
 
 
-def test_loop_probe_sees_a_blocked_loop():
+@pytest.mark.parametrize("work", ["cpu", "off-cpu"])
+def test_loop_probe_sees_a_blocked_loop_and_whether_the_loop_used_the_cpu(work):
     lags: list[float] = []
+    busy: list[float] = []
+
+    def block() -> None:
+        if work == "off-cpu":  # what a CPU-starved process looks like to the loop
+            time.sleep(0.1)
+            return
+        end = time.perf_counter() + 0.1
+        while time.perf_counter() < end:
+            pass
 
     async def main():
-        task = asyncio.create_task(probe_event_loop(lags.append, period=0.01))
+        task = asyncio.create_task(probe_event_loop(lags.append, period=0.01, observe_busy=busy.append))
         await asyncio.sleep(0.05)
-        time.sleep(0.1)  # CPU work on the loop
+        block()
         await asyncio.sleep(0.05)
         task.cancel()
 
     asyncio.run(main())
     assert max(lags) >= 0.05
     assert sorted(lags)[len(lags) // 2] < 0.05  # most wake-ups were on time
+    assert (max(busy) >= 0.05) == (work == "cpu")
 
 
 class _Tok:
@@ -77,5 +88,5 @@ def test_tokenize_time_is_counted_and_the_test_only_hook_blocks_the_loop(monkeyp
 
     asyncio.run(main())
     service.close()
-    assert len(spent) == 3
+    assert len(spent) == 3 and (min(spent) >= 0.1) == bool(hook_ms)  # the slow tokenizer's time counts
     assert (max(lags) >= 0.08) == bool(hook_ms)
