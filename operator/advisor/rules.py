@@ -309,7 +309,9 @@ def max_model_len_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
             "fullLengthConcurrency": min(new_full, s.max_num_seqs),
             "arithmetic": (
                 f"{kv_tokens} KV tokens / {s.max_model_len} = {full_length} worst-case requests; "
-                f"/ {new_len} = {new_full} (capped at maxNumSeqs {s.max_num_seqs})"
+                f"/ {new_len} = {new_full} (capped at maxNumSeqs {s.max_num_seqs}). The guaranteed "
+                "worst case: a lazy KV allocator (ours, vLLM V1) already runs more short requests, "
+                "so the step budget and admission limit are what change at once"
             ),
         },
     )
