@@ -45,6 +45,7 @@ FIXES = {
 class EngineSupport:
     supported: bool
     message: str = ""
+    reason: str = UNSUPPORTED_BY_ENGINE  # Ready's reason when refused (LeaderWorkerSetMissing)
 
     @property
     def refuses_rollout(self) -> bool:
@@ -74,6 +75,10 @@ def _fields_named(message: str) -> list[str]:
 
 def check_engine(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> EngineSupport:
     """Parse and check the command the pods would run, as the server does at start."""
+    if spec.engine.kind == "vllm":
+        # Stock vLLM: the CRD's CEL rules refuse the flags it lacks (render_vllm.py);
+        # what vLLM itself can run (architectures, TP, hf://) is vLLM's to judge.
+        return SUPPORTED
     argv = server_args(owner, spec, max_utilization)
     try:
         configs_from_args(parse_serve_argv(argv[1:]))

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
+from llmservice.operator import lws_support
 from llmservice.operator import render as r
 from llmservice.operator.engine_support import (
     SUPPORTED,
-    UNSUPPORTED_BY_ENGINE,
     EngineSupport,
     check_engine,
 )
@@ -32,7 +32,10 @@ from llmservice.operator.status import (
     compute_status,
     deployment_view,
 )
-from llmservice.operator.vram import FitResult, check_fit
+from llmservice.operator.vram import FitResult, check_fit, resolve_architecture
+
+if TYPE_CHECKING:
+    from llmservice.operator.hub_shape import FoundShape
 
 Emit = Callable[[str, str, str], None]  # (type Normal|Warning, reason, message)
 
@@ -41,6 +44,7 @@ PLURALS = {
     "Service": "services",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors",
+    "LeaderWorkerSet": "leaderworkersets",  # a multi-node vLLM replica (render_lws.py)
     "NetworkPolicy": "networkpolicies",
 }
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1"
@@ -52,6 +56,16 @@ class Options:
 
     max_gpu_memory_utilization: float = 0.95
     server_image: str = r.DEFAULT_SERVER_IMAGE
+    # The Hub the operator reads unknown hf:// models' shapes from (None: never; an
+    # offline render). handlers.register() turns it into `shapes`, the cached lookups.
+    hf_endpoint: str | None = None
+    shapes: ShapeLookup | None = field(default=None, compare=False, repr=False)
+
+
+class ShapeLookup(Protocol):
+    """hub_shape.HubShapes: an hf:// model's shape from the Hub, cached."""
+
+    def lookup(self, namespace: str, model: Any) -> FoundShape | None: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,13 @@ class Checks:
 
 def checks(owner: r.Owner, spec: LLMServiceSpec, options: Options) -> Checks:
     ceiling = options.max_gpu_memory_utilization
-    return Checks(check_engine(owner, spec, ceiling), check_fit(spec, ceiling))
+    support = check_engine(owner, spec, ceiling)
+    if support.supported and spec.multi_node:
+        support = lws_support.support()  # LeaderWorkerSetMissing once discovery said so
+    hub = None
+    if options.shapes is not None and resolve_architecture(spec) is None:
+        hub = options.shapes.lookup(owner.namespace, spec.model)  # cached; bounded wait
+    return Checks(support, check_fit(spec, ceiling, hub))
 
 
 def now() -> str:
@@ -125,12 +145,14 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
     """Apply what the spec asks for, unless the server cannot run it or it does not fit."""
     owner = owner_of(body)
     spec = LLMServiceSpec.from_dict(body["spec"])
+    if spec.multi_node:
+        lws_support.probe(kube)
     verdict = checks(owner, spec, options)
     fit, support = verdict.fit, verdict.support
     deployment_path = path_for("apps/v1", "deployments", owner.namespace, owner.name)
     if verdict.refuse_rollout:
         if support.refuses_rollout:
-            emit("Warning", UNSUPPORTED_BY_ENGINE, f"Not rolling out: {support.message}")
+            emit("Warning", support.reason, f"Not rolling out: {support.message}")
         if fit.refuses_rollout:
             emit("Warning", "VRAMRefused", f"Not rolling out: {fit.message}")
         current = kube.get(deployment_path)
@@ -151,6 +173,10 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
         np_path = path_for("networking.k8s.io/v1", "networkpolicies", owner.namespace, owner.name)
         if kube.delete(np_path) is not None:
             emit("Normal", "Deleted", f"Deleted NetworkPolicy {owner.name} (spec.networkPolicy disabled)")
+    if spec.multi_node:  # the replicas are LeaderWorkerSet groups now: no Deployment
+        if kube.delete(deployment_path) is not None:
+            emit("Normal", "Deleted", f"Deleted Deployment {owner.name} (now a LeaderWorkerSet)")
+        return Outcome(fit, True, lws_support.lws_view(applied["LeaderWorkerSet"]), support)
     return Outcome(fit, True, deployment_view(applied["Deployment"]), support)
 
 

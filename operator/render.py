@@ -84,7 +84,17 @@ def render(
     max_gpu_memory_utilization: float = 0.95,
     server_image: str = DEFAULT_SERVER_IMAGE,
     with_service_monitor: bool = False,
+    _engine_dispatch: bool = True,
 ) -> Manifests:
+    if _engine_dispatch and spec.engine.kind == "vllm":  # stock vLLM: render_vllm.py
+        from llmservice.operator.render_vllm import render_vllm
+
+        return render_vllm(
+            owner,
+            spec,
+            max_gpu_memory_utilization=max_gpu_memory_utilization,
+            with_service_monitor=with_service_monitor,
+        )
     return Manifests(
         deployment=render_deployment(owner, spec, max_gpu_memory_utilization, server_image),
         service=render_service(owner),

@@ -105,6 +105,7 @@ SERVER_OPTIONS = {
 }
 OPERATOR_ENGINE_FIELDS = (
     "image", "imagePullPolicy", "startupTimeoutSeconds", "extraArgs", "env", "apiKeySecretRef",
+    "kind", "pipelineParallelSize",  # engine.kind: vllm (render_vllm.py, render_lws.py)
 )
 
 
@@ -147,6 +148,8 @@ class EngineSpec:
     startup_timeout_seconds: int = 900
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    kind: str = "llmservice"  # or "vllm": stock `vllm serve` (render_vllm.py)
+    pipeline_parallel_size: int = 1  # vllm only; TP x PP past one node -> LeaderWorkerSet
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:
@@ -164,6 +167,8 @@ class EngineSpec:
             startup_timeout_seconds=_get(data, "startupTimeoutSeconds", d.startup_timeout_seconds),
             extra_args=tuple(_get(data, "extraArgs", ())),
             env=tuple((e["name"], str(e.get("value", ""))) for e in _get(data, "env", ())),
+            kind=_get(data, "kind", d.kind),
+            pipeline_parallel_size=_get(data, "pipelineParallelSize", d.pipeline_parallel_size),
         )
 
     def server_options(self) -> dict[str, Any]:
@@ -176,6 +181,7 @@ class GPUSpec:
     count: int | None = None  # None: one GPU per tensor-parallel rank
     resource_name: str = "nvidia.com/gpu"
     memory_gib: float = 80.0
+    per_node: int = 8  # GPUs one node offers; more than that per replica -> LeaderWorkerSet
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,7 @@ class ResourcesSpec:
                 count=gpu.get("count"),
                 resource_name=_get(gpu, "resourceName", d.gpu.resource_name),
                 memory_gib=float(_get(gpu, "memoryGiB", d.gpu.memory_gib)),
+                per_node=int(_get(gpu, "perNode", d.gpu.per_node)),
             ),
             gpu_memory_utilization=float(
                 _get(data, "gpuMemoryUtilization", d.gpu_memory_utilization)
@@ -244,6 +251,26 @@ class LLMServiceSpec:
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs each pod asks for: one per tensor-parallel rank unless set (0 = CPU)."""
+        """GPUs each pod asks for: one per model-parallel rank unless set (0 = CPU); a
+        replica past one node (multi_node) asks for a whole node's `perNode` per pod."""
         count = self.resources.gpu.count
-        return self.engine.tensor_parallel_size if count is None else count
+        if count is not None:
+            return count
+        return min(self.model_parallel_gpus, self.resources.gpu.per_node)
+
+    @property
+    def model_parallel_gpus(self) -> int:
+        """GPUs one replica shards the model over: tensor x pipeline parallel size."""
+        return self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size
+
+    @property
+    def multi_node(self) -> bool:
+        """vLLM on Ray across a LeaderWorkerSet group: one replica needs more than a node."""
+        return self.engine.kind == "vllm" and self.model_parallel_gpus > self.resources.gpu.per_node
+
+    @property
+    def group_size(self) -> int:
+        """Pods per replica (LWS `size`): the GPU count over the GPUs of one node."""
+        if not self.multi_node:
+            return 1
+        return -(-self.model_parallel_gpus // self.resources.gpu.per_node)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmservice.operator.engine_support import SUPPORTED, UNSUPPORTED_BY_ENGINE, EngineSupport
+from llmservice.operator.engine_support import SUPPORTED, EngineSupport
 from llmservice.operator.vram import FitResult
 
 READY, PROGRESSING, VRAM_FIT, DEGRADED, CAPACITY_PENDING = (
@@ -168,7 +168,7 @@ def _progress(
                     "RolloutBlocked",
                     "not rolled out: the server cannot run this spec (see Ready)",
                 ),
-                _condition(READY, "False", UNSUPPORTED_BY_ENGINE, support.message),
+                _condition(READY, "False", support.reason, support.message),
             )
         if fit.refuses_rollout:
             blocked = "not rolled out: the model does not fit the GPUs (see VRAMFit)"
