@@ -9,11 +9,14 @@ chart sets, e.g. `--max-gpu-memory-utilization` to lower the VRAM ceiling below 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 
 import kopf
 from llmservice.operator import telemetry
 from llmservice.operator.handlers import register
+from llmservice.operator.hub_shape import DEFAULT_ENDPOINT
 from llmservice.operator.settings import add_settings, options_from
 
 
@@ -33,6 +36,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     add_settings(p)
     p.add_argument(
+        "--hf-endpoint",
+        metavar="URL",
+        default=os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT,
+        help="the Hub the VRAM check reads an unknown hf:// model's config.json and "
+        "safetensors headers from (default: $HF_ENDPOINT or %(default)s); '' turns it off",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
@@ -44,7 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-d", "--debug", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
-    args.options = options_from(p, args)
+    args.options = dataclasses.replace(options_from(p, args), hf_endpoint=args.hf_endpoint or None)
     return args
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from typing import Any
 
@@ -45,6 +46,17 @@ def _temporary(exc: k.ApiError) -> Exception:
     return kopf.PermanentError(str(exc))
 
 
+def with_hub_shapes(options: rc.Options, get: Any) -> rc.Options:
+    """Options whose checks read unknown hf:// models' shapes from options.hf_endpoint,
+    with the LLMService's token Secret read through `get` (the operator's kube client)."""
+    if not options.hf_endpoint or options.shapes is not None:
+        return options
+    from llmservice.operator.hub_shape import HubShapes, read_token_with
+
+    shapes = HubShapes(read_token_with(get), endpoint=options.hf_endpoint)
+    return dataclasses.replace(options, shapes=shapes)
+
+
 def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
     kube_holder: dict[str, k.Kube] = {}
 
@@ -53,6 +65,7 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
             kube_holder["kube"] = k.Kube()
         return kube_holder["kube"]
 
+    options = with_hub_shapes(options, lambda path: kube().get(path))
     publisher = StatusPublisher(kube, options)
 
     def confirmed_drift(key: tuple[str, str], uid: str) -> dict[str, Any] | None:

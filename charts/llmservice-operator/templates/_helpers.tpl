@@ -92,6 +92,11 @@ llmservices/scale and reads pods (it scrapes their /metrics over plain HTTP, no 
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# The VRAM check reads an hf:// model's config.json from the Hub with the token of
+# spec.model.hfTokenSecretRef: get by name only (no list or watch of Secrets).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors]
   verbs: [get, create, patch]

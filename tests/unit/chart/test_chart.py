@@ -43,6 +43,8 @@ OPERATOR_RULES = {
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"create"},
+    # the VRAM check of an hf:// model reads its token Secret (by name)
+    ("", "secrets"): {"get"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
 }
 PEERING_VERBS = {"list", "watch", "patch"}

@@ -290,6 +290,7 @@ SERVICE_MONITOR_CRD = {
 # pods and writes replicas through the scale subresource.
 RESERVED = {
     ("get", "", "pods"),
+    ("get", "", "secrets"),  # the Hub shape lookup's token (tests/integration/operator/test_hub_shape.py)
     ("get", "llmservice.dev", "llmservices/scale"),
     ("patch", "llmservice.dev", "llmservices/scale"),
 }
@@ -317,12 +318,12 @@ def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: P
         wait_until(lambda: k.pdb("smollm2"), timeout=60)
         k.scale("smollm2", 1)  # back to one replica: the PDB goes
         wait_until(lambda: k.pdb("smollm2") is None, timeout=60)
-        uid = k.deployment("smollm2")["metadata"]["uid"]
         policy = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/smollm2"
         k.patch_llms("smollm2", {"spec": {"networkPolicy": {"enabled": True}}})
         wait_until(lambda: k.get(policy), timeout=60)
         k.patch_llms("smollm2", {"spec": {"networkPolicy": {"enabled": False}}})  # it goes again
         wait_until(lambda: k.get(policy) is None, timeout=60)
+        uid = k.deployment("smollm2")["metadata"]["uid"]
         k.apps.delete_namespaced_deployment("smollm2", "default")  # drift: the operator repairs
         wait_until(
             lambda: (
