@@ -31,6 +31,7 @@ REFUSED = {
     "smollm2-cpu": None,
     "llama-3-8b": None,  # hf://: the server downloads it at start
     "llama-3-70b-tp4": "spec.engine.tensorParallelSize",
+    "qwen2.5-7b": None,  # hf://, no token: the server downloads it at start
 }
 
 

@@ -186,7 +186,7 @@ def test_required_fields_and_pruning():
     assert errors == [] and "notAField" not in stored["spec"]["engine"]
 
 
-@pytest.mark.parametrize("name", ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4"])
+@pytest.mark.parametrize("name", ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4", "qwen2.5-7b"])
 def test_examples_are_accepted(name):
     example = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
     before = copy.deepcopy(example)

@@ -20,7 +20,7 @@ from llmservice.operator.spec import LLMServiceSpec
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.34.0"  # the Kubernetes release whose OpenAPI schemas the manifests must pass
-EXAMPLES = ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4"]
+EXAMPLES = ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4", "qwen2.5-7b"]
 
 
 def crd_schema() -> dict[str, Any]:
