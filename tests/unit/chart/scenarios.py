@@ -31,6 +31,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "logLevel": "debug",
         "maxGpuMemoryUtilization": 0.9,
         "serverImage": "registry.example/llmservice:0.1.0-cu128",
+        "hfEndpoint": "https://hf-mirror.example",
         "nodeSelector": {"pool": "system"},
         "tolerations": [{"key": "system", "operator": "Exists", "effect": "NoSchedule"}],
         "priorityClassName": "system-cluster-critical",

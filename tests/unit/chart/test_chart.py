@@ -314,6 +314,19 @@ def test_server_image_value_reaches_the_operators_options(helm: Helm):
         parse_args(["--server-image="])  # an empty value would render pods without an image
 
 
+def test_hf_endpoint_value_reaches_the_operators_options(helm: Helm, monkeypatch):
+    from llmservice.operator.cli import parse_args
+
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    container = operator_container(helm.template(SCENARIOS["everything"]))
+    assert parse_args(container["args"]).options.hf_endpoint == "https://hf-mirror.example"
+    default = operator_container(helm.template())
+    assert not any(a.startswith("--hf-endpoint") for a in default["args"])
+    assert parse_args(default["args"]).options.hf_endpoint == "https://huggingface.co"
+    with pytest.raises(HelmError):
+        helm.template({"hfEndpoint": "huggingface.co"})  # not a URL: the schema refuses it
+
+
 # ------------------------------------------------------------------ one source of truth
 
 
