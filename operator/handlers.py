@@ -18,10 +18,12 @@ from llmservice.operator import kube as k
 from llmservice.operator import reconcile as rc
 from llmservice.operator import telemetry as tm
 from llmservice.operator.autoscale_loop import AutoscaleLoop, Sources
+from llmservice.operator.lws_support import lws_view
 from llmservice.operator.publish import StatusPublisher
 from llmservice.operator.render import FIELD_MANAGER, LABEL_SERVICE
+from llmservice.operator.render_lws import LWS_API_VERSION, LWS_PLURAL, WORKER_INDEX
 from llmservice.operator.scrape import pod_target
-from llmservice.operator.spec import API_VERSION, GROUP, PLURAL, VERSION
+from llmservice.operator.spec import API_VERSION, GROUP, PLURAL, VERSION, LLMServiceSpec
 from llmservice.operator.status import deployment_view, pod_view
 
 
@@ -30,6 +32,14 @@ def llms_path(namespace: str, name: str) -> str:
 
 
 CHILD_LABELS = {LABEL_SERVICE: kopf.PRESENT, "app.kubernetes.io/managed-by": FIELD_MANAGER}
+LWS_GROUP, LWS_VERSION = LWS_API_VERSION.split("/")
+
+
+def workload(key: tuple[str, str], deployments: kopf.Index, groups: kopf.Index) -> Any:
+    """The replicas' workload as the status reads it: the Deployment, or for a multi-node
+    vLLM object its LeaderWorkerSet (kopf only warns while that CRD is not installed)."""
+    found = list(deployments.get(key, [])) or list(groups.get(key, []))
+    return found[0] if found else None
 
 
 def _emitter(body: kopf.Body) -> rc.Emit:
@@ -78,12 +88,13 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
             return None  # gone, or replaced by a new object of the same name
         if current["metadata"].get("deletionTimestamp"):
             return None
-        found = kube().get(k.path_for("apps/v1", "deployments", *key))
-        return (
-            current
-            if rc.needs_repair(current, options, deployment_view(found) if found else None)
-            else None
-        )
+        if LLMServiceSpec.from_dict(current["spec"]).multi_node:
+            found = kube().get(k.path_for(LWS_API_VERSION, LWS_PLURAL, *key))
+            view = lws_view(found) if found else None
+        else:
+            found = kube().get(k.path_for("apps/v1", "deployments", *key))
+            view = deployment_view(found) if found else None
+        return current if rc.needs_repair(current, options, view) else None
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -116,6 +127,12 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
     def llms_deployments(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> Any:
         return {(namespace, labels[LABEL_SERVICE]): deployment_view(dict(body))}
 
+    @kopf.index(
+        LWS_GROUP, LWS_VERSION, LWS_PLURAL, id="llms_lws", labels=CHILD_LABELS, registry=registry
+    )
+    def llms_lws(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> Any:
+        return {(namespace, labels[LABEL_SERVICE]): lws_view(dict(body))}
+
     @kopf.index("", "v1", "pods", id="llms_pods", labels=CHILD_LABELS, registry=registry)
     def llms_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> Any:
         return {(namespace, labels[LABEL_SERVICE]): pod_view(dict(body))}
@@ -127,6 +144,7 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
         body: kopf.Body,
         meta: kopf.Meta,
         llms_deployments: kopf.Index,
+        llms_lws: kopf.Index,
         llms_pods: kopf.Index,
         **_: Any,
     ) -> None:
@@ -137,12 +155,8 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
                 applied = rc.reconcile(raw, kube(), options, emit).deployment
 
             def observe() -> tuple[dict[str, Any], Any, list[Any]]:
-                watched = list(llms_deployments.get(key, []))
-                return (
-                    raw,
-                    rc.fresher(applied, watched[0] if watched else None),
-                    list(llms_pods.get(key, [])),
-                )
+                watched = workload(key, llms_deployments, llms_lws)
+                return (raw, rc.fresher(applied, watched), list(llms_pods.get(key, [])))
 
             publisher.publish(key, observe, emit, meta.get("generation"))
         except k.ApiError as exc:
@@ -157,11 +171,15 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
         "apps", "v1", "deployments", id="deployment-changed", labels=CHILD_LABELS, registry=registry
     )
     @kopf.on.event("", "v1", "pods", id="pod-changed", labels=CHILD_LABELS, registry=registry)
+    @kopf.on.event(
+        LWS_GROUP, LWS_VERSION, LWS_PLURAL, id="lws-changed", labels=CHILD_LABELS, registry=registry
+    )
     def child_changed(
         namespace: str,
         labels: dict[str, str],
         llms: kopf.Index,
         llms_deployments: kopf.Index,
+        llms_lws: kopf.Index,
         llms_pods: kopf.Index,
         **_: Any,
     ) -> None:
@@ -169,10 +187,10 @@ def register(registry: kopf.OperatorRegistry, options: rc.Options) -> None:
 
         def observe() -> tuple[dict[str, Any], Any, list[Any]] | None:
             bodies = list(llms.get(key, []))
-            deployments = list(llms_deployments.get(key, []))
             if not bodies:
                 return None  # not ours, or the LLMService is gone
-            return bodies[0], deployments[0] if deployments else None, list(llms_pods.get(key, []))
+            found = workload(key, llms_deployments, llms_lws)
+            return bodies[0], found, list(llms_pods.get(key, []))
 
         observed = observe()
         if observed is None:
@@ -204,6 +222,8 @@ def register_autoscaler(
     def llms_scrape_targets(
         namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any
     ) -> Any:
+        if labels.get(WORKER_INDEX, "0") != "0":
+            return None  # an LWS worker serves no HTTP; the leader's /metrics covers its group
         return {(namespace, labels[LABEL_SERVICE]): pod_target(dict(body))}
 
     @kopf.on.startup(id="autoscaler", registry=registry)
@@ -211,6 +231,7 @@ def register_autoscaler(
         memo: kopf.Memo,
         llms: kopf.Index,
         llms_deployments: kopf.Index,
+        llms_lws: kopf.Index,
         llms_pods: kopf.Index,
         llms_scrape_targets: kopf.Index,
         **_: Any,
@@ -227,8 +248,8 @@ def register_autoscaler(
             bodies = list(llms.get(key, []))
             if not bodies:
                 return None
-            deployments = list(llms_deployments.get(key, []))
-            return bodies[0], deployments[0] if deployments else None, list(llms_pods.get(key, []))
+            found = workload(key, llms_deployments, llms_lws)
+            return bodies[0], found, list(llms_pods.get(key, []))
 
         sources = Sources(
             services=services,
