@@ -74,8 +74,13 @@ llmservices/scale and reads pods (it scrapes their /metrics over plain HTTP, no 
 - apiGroups: [llmservice.dev]
   resources: [llmservices/scale]
   verbs: [get, patch]
+# delete: a vllm object that grows past one node swaps its Deployment for a LeaderWorkerSet.
 - apiGroups: [apps]
   resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+# Multi-node vLLM replicas (engine.kind vllm, docs/vllm.md): applied, watched for status.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]

@@ -323,3 +323,16 @@ def test_vram_weights_and_kv_per_gpu_divide_by_pipeline_stages():
     assert pp2.status == "True" and pp1.status == "False"  # 405B bf16 does not fit 8 GPUs
     assert pp2.plan.weights_gib_per_gpu == pytest.approx(pp1.plan.weights_gib_per_gpu / 2)
     assert pp2.plan.kv_bytes_per_token_per_gpu == pp1.plan.kv_bytes_per_token_per_gpu // 2
+
+
+def test_lws_status_reads_as_a_deployment_of_groups():
+    view = lws_support.lws_view(
+        {
+            "metadata": {"generation": 3},
+            "spec": {"replicas": 2},
+            "status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2},
+        }
+    )
+    # LWS has no observedGeneration: the rollout is judged by the replica counts alone.
+    assert (view.generation, view.observed_generation) == (3, 3)
+    assert (view.spec_replicas, view.ready_replicas, view.updated_replicas) == (2, 1, 2)
