@@ -255,6 +255,16 @@ def check_rbac(op: RenderedOperator, requests: list[Any]) -> set[tuple[str, str,
 
 
 SMOLLM2 = yaml.safe_load((ROOT / "examples" / "smollm2-cpu.yaml").read_text())
+MULTINODE = yaml.safe_load((ROOT / "examples" / "vllm-llama-3-405b-multinode.yaml").read_text())
+MULTINODE["spec"]["autoscaling"] = {"enabled": False}  # the autoscaler's rights stay RESERVED
+
+
+def lws_crd() -> dict[str, Any]:
+    """The LeaderWorkerSet CRD of the pinned sigs.k8s.io/lws module (hack/fetch-lws-crd.sh)."""
+    path = subprocess.run(
+        [str(ROOT / "hack/fetch-lws-crd.sh")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return yaml.safe_load(Path(path).read_text())
 
 
 def serve_example(kubectl: Kubectl) -> None:
@@ -312,7 +322,14 @@ def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: P
     with RenderedOperator(helm, tmp_path, values, "default") as op:
         k = op.kubectl
         k.ext.create_custom_resource_definition(SERVICE_MONITOR_CRD)  # Prometheus Operator
+        k.ext.create_custom_resource_definition(lws_crd())  # LeaderWorkerSet, pinned in hack/
         serve_example(k)
+        # A vllm replica past one node is a LeaderWorkerSet group, scaled by its replicas.
+        k.apply(MULTINODE)
+        lws = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{k.ns}/leaderworkersets/vllm-llama-3-405b"
+        wait_until(lambda: k.get(lws), timeout=60)
+        k.scale("vllm-llama-3-405b", 2)
+        wait_until(lambda: k.get(lws)["spec"]["replicas"] == 2, timeout=60)
         k.scale("smollm2", 2)  # a change the operator must follow (patches its Deployment)
         wait_until(lambda: k.deployment("smollm2")["spec"]["replicas"] == 2, timeout=60)
         wait_until(lambda: k.pdb("smollm2"), timeout=60)
