@@ -79,6 +79,18 @@ def read_hf_config(path: Path) -> ModelConfig:
     )
 
 
+def post_processor_adds_bos(tokenizer_json: dict) -> bool:
+    """Whether tokenizer.json's post-processor puts a special token first (Llama 3 adds
+    <|begin_of_text|> that way; its tokenizer_config.json has no add_bos_token)."""
+    post = tokenizer_json.get("post_processor") or {}
+    steps = post.get("processors", []) if post.get("type") == "Sequence" else [post]
+    for step in steps:
+        if step.get("type") == "TemplateProcessing":
+            first = (step.get("single") or [{}])[0]
+            return "SpecialToken" in first
+    return False
+
+
 def read_hf_tokenizer(path: Path) -> TokenizerSource:
     source = TokenizerSource()
     tok_json = path / "tokenizer.json"
@@ -93,6 +105,8 @@ def read_hf_tokenizer(path: Path) -> TokenizerSource:
             template = named.get("default")
         source.chat_template = template if isinstance(template, str) else None
         source.add_bos_token = bool(cfg.get("add_bos_token", False))
+        if "add_bos_token" not in cfg and tok_json.exists():
+            source.add_bos_token = post_processor_adds_bos(json.loads(tok_json.read_text()))
     template_file = path / "chat_template.jinja"
     if source.chat_template is None and template_file.exists():
         source.chat_template = template_file.read_text()

@@ -73,8 +73,8 @@ def disk_shortfall(needed: int, free: int, where: str) -> str | None:
     if needed <= free:
         return None
     return (
-        f"not enough disk space in {where}: the model needs {needed / 1e9:.2f} GB more, "
-        f"{free / 1e9:.2f} GB are free; free space there or pass a larger --download-dir"
+        f"not enough disk space in {where}: the model needs {gb(needed)} more, "
+        f"{gb(free)} are free; free space there or pass a larger --download-dir"
     )
 
 

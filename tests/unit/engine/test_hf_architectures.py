@@ -79,3 +79,15 @@ def test_generation_config_gives_sampling_defaults_and_eos(tmp_path, hub_models)
     assert config.eos_token_ids == [2, 3]  # config.json says 2; generation_config adds 3
     assert config.sampling_defaults == {"temperature": 0.6, "top_p": 0.9}
     assert tokenizer.chat_template and "<|assistant|>" in tokenizer.chat_template
+
+
+def test_a_post_processor_that_adds_bos_turns_bos_on():
+    from llmservice.server.model.hf_loader import post_processor_adds_bos
+
+    llama3 = {"post_processor": {"type": "Sequence", "processors": [
+        {"type": "ByteLevel"},
+        {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>"}},
+                                                  {"Sequence": {"id": "A"}}]}]}}
+    qwen = {"post_processor": {"type": "ByteLevel"}}
+    assert post_processor_adds_bos(llama3) and not post_processor_adds_bos(qwen)
+    assert not post_processor_adds_bos({"post_processor": None})
