@@ -70,7 +70,6 @@ CPU = {"resources": {"gpu": {"count": 0}}, "engine": {"kvCacheMemoryGiB": 0.5}}
 @pytest.mark.parametrize(
     ("spec", "starts"),
     [
-        (HF, "spec.model.source hf://meta-llama/Meta-Llama-3-8B-Instruct: this server cannot download"),
         (TP4, "spec.engine.tensorParallelSize 4: this engine runs a model on one device"),
         ({"model": {"source": "builtin:gpt-5"}}, "spec.model.source builtin:gpt-5: no builtin model"),
     ],
@@ -83,7 +82,8 @@ def test_what_the_server_refuses_names_the_field_and_the_fix(spec, starts):
 
 
 def test_supported_sources_pass():
-    for source in ("builtin:smollm2-135m", "pvc://weights/a/b", "pvc://weights"):
+    sources = ("builtin:smollm2-135m", "pvc://weights/a/b", "pvc://weights", HF["model"]["source"])
+    for source in sources:
         assert not check_engine(OWNER, spec_of(model={"source": source}, **CPU), 0.95).refuses_rollout
 
 
@@ -105,18 +105,18 @@ def test_extra_args_the_server_would_reject_name_the_field_behind_the_flag():
 
 def test_unsupported_spec_is_not_rolled_out_and_says_why():
     kube, events = FakeKube(), []
-    outcome = rc.reconcile(body(**HF), kube, rc.Options(), lambda *e: events.append(e))
+    outcome = rc.reconcile(body(**TP4), kube, rc.Options(), lambda *e: events.append(e))
     assert not outcome.applied and kube.applied == []
     ((kind, reason, message),) = events
     assert (kind, reason) == ("Warning", "UnsupportedByEngine")
-    assert message.startswith("Not rolling out: spec.model.source hf://")
-    update = rc.status_for(body(**HF), rc.Options(), None, [])
+    assert message.startswith("Not rolling out: spec.engine.tensorParallelSize 4")
+    update = rc.status_for(body(**TP4), rc.Options(), None, [])
     conditions = {c["type"]: c for c in update.status["conditions"]}
     assert conditions["Ready"]["status"] == "False"
     assert conditions["Ready"]["reason"] == "UnsupportedByEngine"
-    assert "pvc://claim/path" in conditions["Ready"]["message"]
+    assert "tensorParallelSize to 1" in conditions["Ready"]["message"]
     assert conditions["Progressing"]["reason"] == "RolloutBlocked"
-    assert not rc.needs_repair(body(**HF), rc.Options(), None)  # no "repair" either
+    assert not rc.needs_repair(body(**TP4), rc.Options(), None)  # no "repair" either
 
 
 def test_a_deployment_of_an_earlier_spec_keeps_serving():
