@@ -5,12 +5,12 @@ breaks the profile is refused there (so the label is really enforced)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 from llmservice.operator.render import Owner, render_deployment
 from llmservice.operator.spec import LLMServiceSpec
 
@@ -37,29 +37,30 @@ def restrict(core: client.CoreV1Api, namespace: str) -> None:
     core.patch_namespace(namespace, {"metadata": {"labels": RESTRICTED}})
 
 
-def dry_run_pod(core: client.CoreV1Api, namespace: str, pod_spec: dict, name: str) -> None:
-    core.create_namespaced_pod(
-        namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": pod_spec},
-        dry_run="All",
-    )
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def test_a_noncompliant_pod_is_refused(kube_api: client.ApiClient, namespace: str) -> None:
-    core = client.CoreV1Api(kube_api)
-    restrict(core, namespace)
+def dry_run_pod(kubectl: Kubectl, namespace: str, pod_spec: dict, name: str) -> subprocess.CompletedProcess[str]:
+    """Create the pod with a server-side dry run: every admission plugin runs, nothing is stored."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": pod_spec}
+    return kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod))
+
+
+def test_a_noncompliant_pod_is_refused(kube_api: client.ApiClient, kubectl: Kubectl, namespace: str) -> None:
     plain = {"containers": [{"name": "c", "image": "busybox"}]}
-    with pytest.raises(ApiException) as refused:
-        dry_run_pod(core, namespace, plain, "plain")
-    assert refused.value.status == 403 and 'violates PodSecurity "restricted' in refused.value.body
+    assert dry_run_pod(kubectl, namespace, plain, "plain").returncode == 0  # admitted before the label
+    restrict(client.CoreV1Api(kube_api), namespace)
+    refused = dry_run_pod(kubectl, namespace, plain, "plain")
+    assert refused.returncode != 0 and 'violates PodSecurity "restricted' in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))
-def test_server_pods_pass_restricted(kube_api: client.ApiClient, namespace: str, case: str) -> None:
-    core = client.CoreV1Api(kube_api)
-    restrict(core, namespace)
+def test_server_pods_pass_restricted(kube_api: client.ApiClient, kubectl: Kubectl, namespace: str, case: str) -> None:
+    restrict(client.CoreV1Api(kube_api), namespace)
     spec = LLMServiceSpec.from_dict(SPECS[case])
     deployment = render_deployment(Owner("m", namespace, "00000000-0000-0000-0000-000000000001"), spec)
-    dry_run_pod(core, namespace, deployment["spec"]["template"]["spec"], "server")  # raises if refused
+    out = dry_run_pod(kubectl, namespace, deployment["spec"]["template"]["spec"], "server")
+    assert out.returncode == 0 and "created (server dry run)" in out.stdout, out.stderr
 
 
 def test_helm_installed_operator_pod_passes_restricted(
