@@ -214,7 +214,11 @@ def _env(spec: LLMServiceSpec) -> list[dict[str, Any]]:
     if spec.engine.api_key_secret is not None:
         ref = spec.engine.api_key_secret
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    env += [{"name": name, "value": value} for name, value in spec.engine.env]
+    # spec.engine.env wins over what the operator sets (HF_HOME, HOME, ...): one entry per
+    # name, since server-side apply refuses a container whose env repeats a name.
+    user = dict(spec.engine.env)  # a name given twice: the last value, as the kubelet does
+    env = [e for e in env if e["name"] not in user]
+    env += [{"name": name, "value": value} for name, value in user.items()]
     return env
 
 

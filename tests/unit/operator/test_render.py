@@ -225,3 +225,18 @@ def test_pdb_only_with_more_than_one_replica():
     assert rendered(obj).pdb is not None
     obj["spec"]["replicas"] = 1
     assert rendered(obj).pdb is None
+
+
+def test_engine_env_overrides_the_operators_env_once_per_name():
+    obj = example("llama-3-8b")
+    obj["spec"]["engine"]["env"] = [
+        {"name": "HF_HOME", "value": "/data/hf"},
+        {"name": "HF_ENDPOINT", "value": "http://mirror"},
+        {"name": "HF_ENDPOINT", "value": "http://mirror-2"},
+    ]
+    env = rendered(obj).deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert len(names) == len(set(names))  # server-side apply refuses a repeated name
+    values = {e["name"]: e.get("value") for e in env}
+    assert values["HF_HOME"] == "/data/hf" and values["HF_ENDPOINT"] == "http://mirror-2"
+    assert "HF_TOKEN" in values and values["HOME"] == "/tmp"
