@@ -96,7 +96,8 @@ def cases(rng: random.Random) -> dict[str, dict[str, Any]]:
         # seed 2: long prompts in a tiny pool under recompute
         "preemptions": {
             "rule": "preemptions",
-            "config": {"max_model_len": 4096, "num_gpu_blocks_override": 320, "max_num_seqs": 4,
+            # two 2100-token prompts fill 270 blocks of 16 before their answers do: preemptions
+            "config": {"max_model_len": 4096, "num_gpu_blocks_override": 270, "max_num_seqs": 4,
                        "preemption_mode": "recompute", "swap_space": 1.0},
             "work": [(rand_tokens(rng, 2100), 200) for _ in range(4)],
             "measure": ("elapsed_s", "recomputedPromptTokensPerMinute"),
@@ -108,6 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="block_size,prefix_caching,max_model_len,preemptions")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="advisor_effect", help="results name under bench/results/")
     args = ap.parse_args()
     common.setup(args.threads)
     all_cases = cases(random.Random(0))
@@ -141,7 +143,7 @@ def main() -> None:
         results[name] = entry
         print(f"{name}: {finding.rule} patch {finding.recommendation}; {metric} x{measured:.2f} measured, "
               f"{estimate_key} {estimate} estimated; throughput x{entry['output_tok_per_s_ratio']:.2f}")
-    print(common.write("advisor_effect", results))
+    print(common.write(args.out, results))
 
 
 if __name__ == "__main__":
