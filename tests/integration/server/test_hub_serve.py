@@ -182,7 +182,8 @@ def test_every_architecture_is_served(name, endpoint, tmp_path, hub_models):  # 
     engine = LLMEngine.from_config(EngineConfig(model=str(hub_models[name]), max_model_len=128,
                                                 kv_cache_memory_gib=0.01, num_threads=1, device="cpu"))
     (out,) = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    assert r.json()["choices"][0]["text"] == engine.tokenizer.decode(out.token_ids)
+    # the engine's own detokenizer: both hold back a trailing incomplete UTF-8 sequence
+    assert r.json()["choices"][0]["text"] == out.text
 
 
 @pytest.mark.e2e
