@@ -208,3 +208,53 @@ def test_capacity_pending_until_a_gpu_node_is_added(
         timeout=120,
     )
     assert operator.forbidden() == []
+
+
+def test_multi_node_vllm_waits_for_the_lws_crd_then_applies_a_leader_worker_set(
+    operator: Operator, kube_api: client.ApiClient, kubectl: Callable[..., Any], namespace: str
+) -> None:
+    """Without the LWS CRD: Ready=False LeaderWorkerSetMissing with the install command.
+    With it (pinned, hack/fetch-lws-crd.sh): the next reconcile applies the group, the API
+    server accepts it, and the chart's RBAC covered every request (no 403)."""
+    from .lws import install_lws_crd, remove_lws_crd
+
+    example = yaml.safe_load((REPO / "examples/vllm-llama-3-405b-multinode.yaml").read_text())
+    name = example["metadata"]["name"]
+    llms_api(kube_api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, example)
+    wait_for(
+        lambda: condition(kube_api, namespace, name, "Ready").get("reason")
+        == "LeaderWorkerSetMissing",
+        what="Ready=False LeaderWorkerSetMissing",
+        timeout=60,
+    )
+    message = condition(kube_api, namespace, name, "Ready")["message"]
+    assert "kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/releases" in message
+    install_lws_crd(kubectl, kube_api)
+    try:
+        lws = client.CustomObjectsApi(kube_api)
+        patch = {"spec": {"replicas": 2}}  # an edit: the reconcile that sees the CRD
+        llms_api(kube_api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, patch
+        )
+
+        def group() -> dict[str, Any] | None:
+            try:
+                return lws.get_namespaced_custom_object(
+                    "leaderworkerset.x-k8s.io", "v1", namespace, "leaderworkersets", name
+                )
+            except client.ApiException:
+                return None
+
+        wait_for(lambda: (group() or {}).get("spec", {}).get("replicas") == 2,
+                 what="the LeaderWorkerSet with 2 groups", timeout=60)  # fmt: skip
+        assert group()["spec"]["leaderWorkerTemplate"]["size"] == 2
+        wait_for(
+            lambda: condition(kube_api, namespace, name, "Ready").get("reason")
+            != "LeaderWorkerSetMissing",
+            what="LeaderWorkerSetMissing cleared",
+            timeout=60,
+        )
+        assert not [f for f in operator.forbidden() if "leaderworkersets" in f]
+    finally:
+        llms_api(kube_api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        remove_lws_crd(kube_api)
