@@ -143,10 +143,7 @@ def test_70b_on_one_24gb_gpu_is_refused(env):
 
 @pytest.mark.parametrize(
     ("example", "name", "field"),
-    [
-        ("llama-3-8b", "llama-3-8b", "spec.model.source hf://"),
-        ("llama-3-70b-tp4", "llama-3-70b", "spec.engine.tensorParallelSize 4"),
-    ],
+    [("llama-3-70b-tp4", "llama-3-70b", "spec.engine.tensorParallelSize 4")],
 )
 def test_an_example_the_server_cannot_run_is_not_rolled_out(env, example, name, field):
     k = env.kubectl
