@@ -160,14 +160,15 @@ def test_model_source_forms():
     for good in (
         "builtin:smollm2-135m",
         "hf://meta-llama/Meta-Llama-3-8B",
+        "hf://bartowski/Llama-3.2-1B-Instruct-GGUF/Llama-3.2-1B-Instruct-Q8_0.gguf",
         "pvc://weights/a/b",
         "pvc://weights",
     ):
         assert errors_of(obj(model={"source": good})) == [], good
-    for bad in ("s3://bucket/x", "hf://no-org", "builtin:", "/abs/path"):
+    for bad in ("s3://bucket/x", "hf://no-org", "hf://org/name/weights.bin", "builtin:", "/abs/path"):
         errors = errors_of(obj(model={"source": bad}))
         assert any(
-            "model.source must be builtin:NAME, hf://org/name or pvc://claim/path" in e
+            "model.source must be builtin:NAME, hf://org/name, hf://org/name/file.gguf or pvc://claim/path" in e
             for e in errors
         ), bad
 

@@ -262,6 +262,9 @@ def test_builtin_models_and_llmservice_multi_node_are_refused():
     obj["spec"]["model"]["source"] = "builtin:smollm2-135m"
     (error,) = admit(CRD_SCHEMA, obj, None)[1]
     assert error.path == "spec.model.source" and "builtin: models" in error.detail
+    obj["spec"]["model"]["source"] = "hf://org/name-GGUF/model-Q8_0.gguf"
+    (error,) = admit(CRD_SCHEMA, obj, None)[1]
+    assert error.path == "spec.model.source" and "use hf://org/name" in error.detail
 
 
 def test_multi_node_leader_worker_set():
