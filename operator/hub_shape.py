@@ -152,8 +152,8 @@ def describe_failure(exc: BaseException, repo: str, revision: str, endpoint: str
     if isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "?"
         return f"the Hub at {endpoint} answered HTTP {status} for {repo}"
-    if isinstance(exc, (TimeoutError, cf.TimeoutError)):
-        return f"the Hub at {endpoint} did not answer in time"
+    if isinstance(exc, (TimeoutError, cf.TimeoutError)) or "Timeout" in type(exc).__name__:
+        return f"the Hub at {endpoint} did not answer in time"  # ours, or httpx's Read/ConnectTimeout
     return f"the Hub at {endpoint} cannot be reached ({type(exc).__name__}: {exc})"
 
 
@@ -202,9 +202,10 @@ class HubShapes:
                 return cached.found
             future = self._inflight.get(attempt)
             if future is None:
-                future = self._pool.submit(self._fetch, repo, revision, namespace, ref)
+                # The worker stores its own result: a done-callback could run right here,
+                # in this thread, while it holds the lock.
+                future = self._pool.submit(self._fetch_and_store, key, attempt, namespace, ref)
                 self._inflight[attempt] = future
-                future.add_done_callback(lambda f: self._store(key, attempt, f))
         if cached is not None:
             return cached.found  # stale: answer now, the refresh lands for the next call
         try:
@@ -224,8 +225,14 @@ class HubShapes:
                 f"hub:{repo}@{revision}", problem=describe_failure(exc, repo, revision, self.endpoint)
             )
 
-    def _store(self, key: tuple[str, str], attempt: tuple[Any, ...], future: cf.Future[FoundShape]) -> None:
-        found = future.result()
+    def _fetch_and_store(
+        self, key: tuple[str, str], attempt: tuple[Any, ...], namespace: str, ref: SecretKeyRef | None
+    ) -> FoundShape:
+        found = self._fetch(key[0], key[1], namespace, ref)
+        self._store(key, attempt, found)
+        return found
+
+    def _store(self, key: tuple[str, str], attempt: tuple[Any, ...], found: FoundShape) -> None:
         now = self._clock()
         with self._lock:
             self._inflight.pop(attempt, None)

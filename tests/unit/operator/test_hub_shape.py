@@ -185,6 +185,9 @@ def tiny_repo(folder: Path, shards: int = 1) -> Path:
     return folder
 
 
+SLOW = 30.0  # seconds: a loaded machine must not turn these into timeout tests
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -212,7 +215,7 @@ def model(source: str, secret: str | None = None) -> ModelSpec:
 
 @pytest.mark.parametrize("repo", ["acme/one", "acme/sharded"])
 def test_the_shape_and_exact_parameter_count_come_from_config_and_headers(hub, repo):
-    shapes = HubShapes(no_token, endpoint=hub.base_url)
+    shapes = HubShapes(no_token, endpoint=hub.base_url, timeout=SLOW)
     found = shapes.lookup("default", model(f"hf://{repo}"))
     commit = hub.repos[repo].sha
     assert found.source == f"hub:{repo}@{commit}" and found.problem is None
@@ -230,7 +233,7 @@ def test_the_shape_and_exact_parameter_count_come_from_config_and_headers(hub, r
 
 
 def test_a_shape_is_cached_per_repo_and_revision(hub):
-    shapes = HubShapes(no_token, endpoint=hub.base_url)
+    shapes = HubShapes(no_token, endpoint=hub.base_url, timeout=SLOW)
     first = shapes.lookup("default", model("hf://acme/one"))
     hub.clear_log()
     assert shapes.lookup("other-namespace", model("hf://acme/one")) == first
@@ -240,7 +243,7 @@ def test_a_shape_is_cached_per_repo_and_revision(hub):
 
 def test_a_gated_repo_uses_the_services_token_secret(hub):
     tokens = {("team", "hf-token"): "hf_secret"}
-    shapes = HubShapes(lambda ns, ref: tokens[(ns, ref.name)], endpoint=hub.base_url)
+    shapes = HubShapes(lambda ns, ref: tokens[(ns, ref.name)], endpoint=hub.base_url, timeout=SLOW)
     refused = shapes.lookup("team", model("hf://acme/gated"))
     assert refused.architecture is None and "gated or private" in refused.problem
     assert "spec.model.hfTokenSecretRef" in refused.problem
@@ -252,7 +255,7 @@ def test_a_gated_repo_uses_the_services_token_secret(hub):
 
 def test_a_down_hub_is_a_reason_cached_briefly_then_retried(hub):
     clock = Clock()
-    shapes = HubShapes(no_token, endpoint=hub.base_url, retry_seconds=30, clock=clock)
+    shapes = HubShapes(no_token, endpoint=hub.base_url, timeout=SLOW, retry_seconds=30, clock=clock)
     hub.stop()
     down = shapes.lookup("default", model("hf://acme/one"))
     assert down.architecture is None and "cannot be reached" in down.problem
@@ -275,12 +278,12 @@ def test_a_silent_hub_costs_one_timeout_not_a_hang(hub):
         shapes = HubShapes(no_token, endpoint=f"http://127.0.0.1:{port}", timeout=0.5)
         started = time.monotonic()
         found = shapes.lookup("default", model("hf://acme/one"))
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 5  # 0.5 s and some scheduling, not a hang
         assert "did not answer in time" in found.problem
         shapes.close()
 
 
-def wait_for(check, timeout: float = 5.0):
+def wait_for(check, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := check():
