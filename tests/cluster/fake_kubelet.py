@@ -9,9 +9,19 @@ controller lifts the `not-ready` taint and keeps the node schedulable), and ever
   `pod_process` for the namespace emulation) and Ready follows its httpGet readiness
   probe, polled every sync rather than every `periodSeconds`; without it, containers
   are Ready at once, as in kwok;
-- a pod being deleted has its processes stopped and is then removed (grace 0), which
-  is the kubelet's half of graceful deletion: the real GC and ReplicaSet controllers
-  wait for it.
+- a pod being deleted (deletionTimestamp set) goes through the kubelet's half of
+  graceful deletion, in a thread of its own so other pods keep syncing: it is reported
+  not Ready at once (the real EndpointSlice controller drops it), then with
+  `run_containers=True` each container's `preStop` `sleep` action runs, then SIGTERM,
+  then SIGKILL once the pod's grace period (deletionGracePeriodSeconds, else
+  terminationGracePeriodSeconds, else 30 s) is spent since the deletion was seen; then
+  the pod is removed (grace 0). The real GC and ReplicaSet controllers wait for it.
+  Without processes (kwok mode) there is nothing to wait for: removal is immediate;
+- with `routed_pod_ips=True` the API sees each pod at 10.x.y.z instead of its loopback
+  127.x.y.z (see `routed_ip`): the API server refuses loopback addresses in
+  EndpointSlices, so a Service's endpoints need this. The fake kubelet cannot program
+  the host's routes, so a client of such a pod maps the address back (`loopback_ip`), as
+  a pod network would route it.
 """
 
 from __future__ import annotations
@@ -118,6 +128,7 @@ class FakeKubelet:
         extra_path: list[str] | None = None,
         env: dict[str, str] | None = None,
         cluster: ClusterAccess | None = None,
+        routed_pod_ips: bool = False,
     ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -132,12 +143,14 @@ class FakeKubelet:
                               os.environ.get("PATH", "")])  # fmt: skip
         self.env = dict(env or {})  # the "node's" environment, e.g. OMP_NUM_THREADS=1
         self.cluster = cluster
+        self.routed_pod_ips = routed_pod_ips
         self.ip = pool.take()
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_renew = 0.0
+        self._terminating: dict[tuple[str, str], threading.Thread] = {}
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -195,11 +208,14 @@ class FakeKubelet:
             seen.add(key)
             body = self.api.sanitize_for_serialization(pod)
             if pod.metadata.deletion_timestamp is not None:
-                self._finish_deletion(key)
+                self._begin_termination(key, body)
             elif pod.status.phase not in ("Succeeded", "Failed"):
                 self._sync_pod(key, body)
-        for key in set(self.pods) - seen:  # deleted behind our back (force delete)
+        for key in set(self.pods) - seen - set(self._terminating):  # force-deleted
             self._forget(key)
+        for key, thread in list(self._terminating.items()):
+            if not thread.is_alive():
+                del self._terminating[key]
 
     def _sync_pod(self, key: tuple[str, str], pod: dict[str, Any]) -> None:
         state = self.pods.get(key)
@@ -216,7 +232,7 @@ class FakeKubelet:
         for c in state.containers:
             self._observe_container(key, pod, state, c)
         wanted = pod_status(
-            state.ip,
+            self._api_ip(state.ip),
             self.ip,
             state.start_time,
             pod["spec"].get("restartPolicy", "Always"),
@@ -307,6 +323,62 @@ class FakeKubelet:
         c.exited_at = time.monotonic()
         c.process = None
 
+    def _begin_termination(self, key: tuple[str, str], pod: dict[str, Any]) -> None:
+        """Start the pod's graceful termination once; it runs beside the sync loop."""
+        if key in self._terminating:
+            return
+        thread = threading.Thread(target=self._terminate, args=(key, pod),
+                                  name=f"terminate-{key[1]}", daemon=True)  # fmt: skip
+        self._terminating[key] = thread
+        thread.start()
+
+    def _terminate(self, key: tuple[str, str], pod: dict[str, Any]) -> None:
+        try:
+            self._graceful_stop(key, pod)
+            self._finish_deletion(key)
+        except Exception as e:  # tests read self.errors
+            self.errors.append(f"terminating {key}: {e!r}")
+
+    def _graceful_stop(self, key: tuple[str, str], pod: dict[str, Any]) -> None:
+        """Not Ready, preStop, SIGTERM, SIGKILL at the grace deadline, as the kubelet."""
+        state = self.pods.get(key)
+        if state is None or not self.run_containers:
+            return
+        deadline = time.monotonic() + termination_grace_seconds(pod)
+        for c in state.containers:
+            c.ready = False
+        self._report_not_ready(key, pod, state)
+        hooks = [pre_stop_sleep_seconds(c.spec) for c in state.containers if c.process]
+        self._stop.wait(min(max(hooks, default=0), max(0.0, deadline - time.monotonic())))
+        live = [c.process for c in state.containers if c.process and c.process.poll() is None]
+        for proc in live:
+            _signal_group(proc, signal.SIGTERM)
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+    def _report_not_ready(self, key: tuple[str, str], pod: dict[str, Any], state: _Pod) -> None:
+        wanted = pod_status(
+            self._api_ip(state.ip), self.ip, state.start_time,
+            pod["spec"].get("restartPolicy", "Always"),
+            [ContainerState(name=c.spec["name"], image=c.spec.get("image", ""),
+                            started_at=c.started_at, ready=False, restart_count=c.restarts,
+                            exit_code=c.exit_code, waiting_reason=c.waiting_reason)
+             for c in state.containers],
+        )  # fmt: skip
+        try:
+            self.core.patch_namespaced_pod_status(key[1], key[0], {"status": wanted})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        state.reported = wanted
+
+    def _api_ip(self, ip: str) -> str:
+        return routed_ip(ip) if self.routed_pod_ips else ip
+
     def _finish_deletion(self, key: tuple[str, str]) -> None:
         self._forget(key)
         try:
@@ -368,6 +440,45 @@ def _probe(url: str) -> bool:
         return 200 <= httpx.get(url, timeout=1.0, verify=False).status_code < 400
     except httpx.HTTPError:
         return False
+
+
+def routed_ip(loopback: str) -> str:
+    """The pod IP the API sees for a pod bound to `loopback`: 127.a.b.c -> 10.a.b.c."""
+    first, _, rest = loopback.partition(".")
+    if first != "127":
+        raise ValueError(f"not a loopback address: {loopback!r}")
+    return f"10.{rest}"
+
+
+def loopback_ip(routed: str) -> str:
+    """Where traffic to a routed pod IP really goes (the inverse of `routed_ip`)."""
+    first, _, rest = routed.partition(".")
+    if first != "10":
+        raise ValueError(f"not a routed pod address: {routed!r}")
+    return f"127.{rest}"
+
+
+def termination_grace_seconds(pod: dict[str, Any]) -> float:
+    """The grace a deletion grants: the delete request's, else the pod spec's, else 30 s."""
+    grace = pod["metadata"].get("deletionGracePeriodSeconds")
+    if grace is None:
+        grace = pod["spec"].get("terminationGracePeriodSeconds")
+    return float(30 if grace is None else grace)
+
+
+def pre_stop_sleep_seconds(container: dict[str, Any]) -> float:
+    """A container's `lifecycle.preStop.sleep.seconds` (0 without one).
+
+    Exec and httpGet hooks are not run (the fake kubelet has no image filesystem)."""
+    hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+    return float(hook.get("seconds", 0))
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _kill(proc: subprocess.Popen[bytes] | None) -> None:

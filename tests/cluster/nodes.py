@@ -22,10 +22,17 @@ def start_node(
     access: ClusterAccess,
     run_containers: bool = False,
     env: dict[str, str] | None = None,
+    routed_pod_ips: bool = False,
 ) -> FakeKubelet:
     """Register `spec` with a running FakeKubelet and wait until pods can land on it."""
     kubelet = FakeKubelet(
-        api, spec, run_containers=run_containers, workdir=workdir, env=env, cluster=access
+        api,
+        spec,
+        run_containers=run_containers,
+        workdir=workdir,
+        env=env,
+        cluster=access,
+        routed_pod_ips=routed_pod_ips,
     ).start()
     core = client.CoreV1Api(api)
     wait_for(

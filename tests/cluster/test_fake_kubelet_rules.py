@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from .fake_kubelet import (
+    loopback_ip,
+    pre_stop_sleep_seconds,
+    routed_ip,
+    termination_grace_seconds,
+)
 from .pod_process import bind_to_pod_ip, container_env, expand, probe_url, process_plan
 from .pod_status import ContainerState, NodeSpec, node_manifest, pod_phase, pod_status
 
@@ -106,3 +112,28 @@ def test_phase_reflects_restart_policy() -> None:
     assert pod_phase("Never", [_c(False, 0), _c(False, 2)]) == "Failed"
     assert pod_phase("OnFailure", [_c(False, 2)]) == "Running"
     assert pod_phase("Never", [_c(True), _c(False, 0)]) == "Running"
+
+
+def test_deletion_grace_comes_from_the_request_then_the_spec_then_30_s() -> None:
+    spec_only = {"metadata": {}, "spec": {"terminationGracePeriodSeconds": 35}}
+    assert termination_grace_seconds(spec_only) == 35
+    asked = {"metadata": {"deletionGracePeriodSeconds": 3}, "spec": spec_only["spec"]}
+    assert termination_grace_seconds(asked) == 3
+    assert termination_grace_seconds({"metadata": {}, "spec": {}}) == 30
+    assert termination_grace_seconds({"metadata": {"deletionGracePeriodSeconds": 0},
+                                      "spec": spec_only["spec"]}) == 0  # fmt: skip
+
+
+def test_pre_stop_sleep_is_read_from_the_container_lifecycle() -> None:
+    assert pre_stop_sleep_seconds({"lifecycle": {"preStop": {"sleep": {"seconds": 5}}}}) == 5
+    assert pre_stop_sleep_seconds({"lifecycle": {"preStop": {"exec": {"command": ["x"]}}}}) == 0
+    assert pre_stop_sleep_seconds({"name": "c"}) == 0
+
+
+def test_routed_pod_ips_map_loopback_both_ways() -> None:
+    assert routed_ip("127.0.1.42") == "10.0.1.42"
+    assert loopback_ip(routed_ip("127.0.1.42")) == "127.0.1.42"
+    with pytest.raises(ValueError, match="not a loopback"):
+        routed_ip("10.0.0.1")
+    with pytest.raises(ValueError, match="not a routed"):
+        loopback_ip("127.0.0.1")
