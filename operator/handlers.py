@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 from typing import Any
@@ -43,8 +44,16 @@ def workload(key: tuple[str, str], deployments: kopf.Index, groups: kopf.Index) 
 
 
 def _emitter(body: kopf.Body) -> rc.Emit:
+    """kopf.event() finds kopf's event queue in context variables, which exist only in a
+    handler's context. The publisher may run this emit from another loop's thread (the
+    autoscaler or advisor publishing a pending request of ours), so it carries the
+    handler's context along: kopf.event is thread-safe once it can find its queue."""
+    handler_context = contextvars.copy_context()
+
     def emit(type_: str, reason: str, message: str) -> None:
-        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        handler_context.copy().run(
+            kopf.event, body, type=type_, reason=reason, message=message[:1024]
+        )
 
     return emit
 
