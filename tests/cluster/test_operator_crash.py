@@ -80,3 +80,15 @@ def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
         status = obj["status"]
         assert status["replicas"] == 2 and status["readyReplicas"] == 2, status
         assert len(apps.list_namespaced_replica_set(namespace).items) == 1
+        # Delete while this operator still runs: it removes its finalizer, so no object is
+        # left for the next test's operator to chase into a terminating namespace.
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "crash")
+
+        def gone() -> bool:
+            try:
+                custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "crash")
+            except client.ApiException as exc:
+                return exc.status == 404
+            return False
+
+        wait_for(gone, what="the LLMService deleted (its finalizer removed)", timeout=60)
