@@ -67,10 +67,12 @@ $(PEERS_VENV)/.llama-cpp-python:
 bench-peers: install $(PEERS_VENV)/.llama-cpp-python
 	$(PY) bench/serve_compare.py --llama-venv $(PEERS_VENV)
 
-# Autoscaler end to end: real server pods, preemptions -> 1 -> 3 -> 1 replicas (~3-6 min on 2 cores);
-# writes bench/results/autoscale_e2e.{json,png}
-e2e: install
-	$(PYTEST) -m e2e -s tests/e2e
+# The long scenarios CI leaves out (marker e2e, anywhere under tests/): the autoscaler with
+# real server pods, preemptions -> 1 -> 3 -> 1 replicas (~3-6 min on 2 cores; writes
+# bench/results/autoscale_e2e.{json,png}), the advisor's rules on a real server, every
+# hf:// architecture served, and a rollout under traffic on the real control plane.
+e2e: install control-plane
+	LLMSERVICE_REQUIRE_CLUSTER=1 $(PYTEST) -m e2e -s tests
 
 # 20 minutes of mixed traffic against one server (not CI): every request accounted for,
 # 0 KV blocks in use at the end, RSS growth < 5 % after warm-up; JSON + PNG in bench/results/.
