@@ -9,6 +9,7 @@ so the host holds at most one shard beyond what the device keeps.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from llmservice.server.model.loaded import LoadedModel, TokenizerSource, Unsuppo
 from llmservice.server.model.sources import ARCHITECTURES, architecture_problem
 from safetensors import safe_open
 
+log = logging.getLogger(__name__)
 _ARCHS = ARCHITECTURES
 _SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int}
 
@@ -41,6 +43,20 @@ def sampling_defaults(model: str) -> dict[str, float]:
     """The sampling defaults of a local HF model folder (empty for anything else)."""
     path = Path(model)
     return read_generation_config(path)[1] if path.is_dir() else {}
+
+
+def attended_context(cfg: dict) -> int:
+    """The longest context this engine computes exactly for a config. The engine attends
+    to every earlier token; a model trained with a sliding window (Mistral v0.1:
+    4096) attends only to the window, so past it our tokens would differ from the
+    model's. As vLLM does without sliding-window support, the context is capped there."""
+    context = int(cfg.get("max_position_embeddings", 2048))
+    window = cfg.get("sliding_window")
+    if window and cfg.get("use_sliding_window", True) and int(window) < context:
+        log.warning("the model attends over a sliding window of %d tokens (this engine attends "
+                    "to all of them): context length capped at %d", window, window)
+        return int(window)
+    return context
 
 
 def read_hf_config(path: Path) -> ModelConfig:
@@ -71,7 +87,7 @@ def read_hf_config(path: Path) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
         qk_norm=arch == "qwen3",
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        max_position_embeddings=attended_context(cfg),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
         name=path.name,

@@ -91,3 +91,26 @@ def test_a_post_processor_that_adds_bos_turns_bos_on():
     qwen = {"post_processor": {"type": "ByteLevel"}}
     assert post_processor_adds_bos(llama3) and not post_processor_adds_bos(qwen)
     assert not post_processor_adds_bos({"post_processor": None})
+
+
+@pytest.mark.parametrize(
+    ("fields", "context"),
+    [
+        ({"sliding_window": 64}, 64),  # Mistral v0.1: capped at the window
+        ({"sliding_window": 64, "use_sliding_window": False}, 4096),  # Qwen2/3 ship it off
+        ({"sliding_window": None}, 4096),
+        ({"sliding_window": 8192}, 4096),  # wider than the context: nothing to cap
+    ],
+)
+def test_a_sliding_window_caps_the_context(hub_models, tmp_path, fields, context):  # noqa: F811
+    """This engine attends to every earlier token; past a model's window its tokens would
+    differ from the model's, so the context it serves stops at the window."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    config = json.loads((hub_models["mistral"] / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096, **fields}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (hub_models["mistral"] / name).exists():
+            (folder / name).write_text((hub_models["mistral"] / name).read_text())
+    config_read, _ = read_hf_info(folder)
+    assert config_read.max_position_embeddings == context
