@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,11 +229,15 @@ class AutoscaleLoop:
             state.next_due += policy.interval_seconds
             if state.next_due <= now:
                 state.next_due = now + policy.interval_seconds
-            task = asyncio.create_task(
-                self._evaluate_safely(key, body, policy, state, sources, client)
+            self._spawn(
+                self._safely(
+                    "autoscaling",
+                    key,
+                    state,
+                    functools.partial(self.evaluate, key, body, policy, state, sources, client),
+                    count_tick=True,
+                )
             )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
         for key in [k for k in self._states if k not in seen]:
             del self._states[key]  # deleted: the publisher forgets it in the delete handler
         for key in [k for k in self._advice_only if k not in seen]:
@@ -247,17 +252,15 @@ class AutoscaleLoop:
         )
         if state is None and not stale:
             return
-        self._publisher.set_extra(
-            key,
-            {"signals": None, "desiredReplicas": None},
-            [condition("False", DISABLED, DISABLED_MESSAGE)],
+        self._spawn(
+            self._publish(
+                key,
+                body,
+                sources,
+                {"signals": None, "desiredReplicas": None},
+                [condition("False", DISABLED, DISABLED_MESSAGE)],
+            )
         )
-        emit = self._emitter(body)
-        task = asyncio.create_task(
-            asyncio.to_thread(self._publisher.publish, key, lambda: sources.observe(key), emit)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _advise_only(
         self,
@@ -271,71 +274,93 @@ class AutoscaleLoop:
         """Autoscaling off: still scrape once per interval for the advisor (default on)."""
         if not advisor_enabled(body.get("spec")):
             if self._advice_only.pop(key, None) is not None:
-                self._publisher.set_extra(
-                    key,
-                    {"signals": None, "desiredReplicas": None, "advice": None},
-                    _disabled_conditions(body),
+                self._spawn(
+                    self._publish(
+                        key,
+                        body,
+                        sources,
+                        {"signals": None, "desiredReplicas": None, "advice": None},
+                        _disabled_conditions(body),
+                    )
                 )
-                self._spawn(asyncio.to_thread(
-                    self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
-                ))
             return
         state = self._advice_only.setdefault(key, _State())
         if state.busy or now < state.next_due:
             return
         state.busy = True
         state.next_due = now + policy.interval_seconds
-        self._spawn(self._advise_safely(key, body, policy, state, sources, client))
+        self._spawn(
+            self._safely(
+                "advising",
+                key,
+                state,
+                functools.partial(self._advise, key, body, policy, state, sources, client),
+            )
+        )
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _advise_safely(
+    def _publish(
         self,
         key: Key,
         body: dict[str, Any],
-        policy: AutoscalingPolicy,
-        state: _State,
         sources: Sources,
-        client: httpx.AsyncClient,
-    ) -> None:
-        try:
-            ready = [p for p in sources.targets(key) if p.ready and p.ip and not p.terminating]
-            results = await scrape_pods(client, ready, scrape_timeout(policy))
-            fields, events = loop_hook.advise(state.advisor, body, results, self._clock())
-            for type_, message in events:
-                await self._event(body, type_, loop_hook.EVENT_REASON, message)
-            self._publisher.set_extra(
-                key, {"signals": None, "desiredReplicas": None, **fields}, _disabled_conditions(body)
-            )
-            await asyncio.to_thread(
-                self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
-            )
-        except Exception:
-            log.exception("advising %s/%s failed; retrying next interval", *key)
-        finally:
-            state.busy = False
+        fields: dict[str, Any],
+        conditions: list[dict[str, str]],
+    ) -> Coroutine[Any, Any, None]:
+        """Hand our fields to the publisher now (its one writer per object); the returned
+        coroutine publishes them (awaited, or spawned as a task)."""
+        self._publisher.set_extra(key, fields, conditions)
+        return asyncio.to_thread(
+            self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
+        )
 
-    async def _evaluate_safely(
+    async def _safely(
         self,
+        what: str,
         key: Key,
-        body: dict[str, Any],
-        policy: AutoscalingPolicy,
         state: _State,
-        sources: Sources,
-        client: httpx.AsyncClient,
+        work: Callable[[], Awaitable[object]],
+        *,
+        count_tick: bool = False,
     ) -> None:
+        """Run one pass for one LLMService: a failure is a log line, retried next interval."""
         started = self._clock()
         try:
-            await self.evaluate(key, body, policy, state, sources, client)
+            await work()
         except Exception:
-            log.exception("autoscaling %s/%s failed; retrying next interval", *key)
+            log.exception("%s %s/%s failed; retrying next interval", what, *key)
         finally:
             state.busy = False
-            tm.TICKS.labels(*key).inc()
-            tm.TICK_SECONDS.observe(self._clock() - started)
+            if count_tick:
+                tm.TICKS.labels(*key).inc()
+                tm.TICK_SECONDS.observe(self._clock() - started)
+
+    async def _advise(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        policy: AutoscalingPolicy,
+        state: _State,
+        sources: Sources,
+        client: httpx.AsyncClient,
+    ) -> None:
+        """Autoscaling off, advisor on: scrape, run the rules, publish the advice alone."""
+        ready = [p for p in sources.targets(key) if p.ready and p.ip and not p.terminating]
+        results = await scrape_pods(client, ready, scrape_timeout(policy))
+        fields, events = loop_hook.advise(state.advisor, body, results, self._clock())
+        for type_, message in events:
+            await self._event(body, type_, loop_hook.EVENT_REASON, message)
+        await self._publish(
+            key,
+            body,
+            sources,
+            {"signals": None, "desiredReplicas": None, **fields},
+            _disabled_conditions(body),
+        )
 
     async def evaluate(
         self,
@@ -425,11 +450,12 @@ class AutoscaleLoop:
         for type_, message in advice_events:
             await self._event(body, type_, loop_hook.EVENT_REASON, message)
         status = "True" if decision.active else "False"
-        self._publisher.set_extra(
-            key, fields, [condition(status, decision.active_reason, decision.active_message)]
-        )
-        await asyncio.to_thread(
-            self._publisher.publish, key, lambda: sources.observe(key), self._emitter(body)
+        await self._publish(
+            key,
+            body,
+            sources,
+            fields,
+            [condition(status, decision.active_reason, decision.active_message)],
         )
         return decision
 
