@@ -99,6 +99,7 @@ SERVER_OPTIONS = {
     "kv_cache_memory_gib": "kv_cache_memory_gib",
     "max_waiting_requests": "max_waiting_requests",
     "max_queue_delay_ms": "max_queue_delay_ms",
+    "max_step_ms": "max_step_ms",
     "shutdown_grace_seconds": "shutdown_grace_seconds",
     "max_tokens_default": "max_tokens_default",
     "request_timeout_s": "request_timeout_s",
@@ -140,6 +141,7 @@ class EngineSpec:
     kv_cache_memory_gib: float | None = _default("kv_cache_memory_gib")
     max_waiting_requests: int = _default("max_waiting_requests")
     max_queue_delay_ms: float | None = _default("max_queue_delay_ms")
+    max_step_ms: float | None = _default("max_step_ms")
     shutdown_grace_seconds: float = _default("shutdown_grace_seconds")
     max_tokens_default: int | None = _default("max_tokens_default")
     request_timeout_s: float | None = _default("request_timeout_s")

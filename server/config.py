@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from llmservice.server.argspec import CRDDefault, arg, first
+from llmservice.server.engine.spec_config import parse_speculative_config
 from llmservice.server.model.registry import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -95,11 +96,23 @@ class EngineConfig:
     max_queue_delay_ms: float | None = arg(None, "--max-queue-delay-ms",
                                            "a request waiting longer is admitted ahead of policy order",
                                            type=float, crd="engine.maxQueueDelayMs")
+    max_step_ms: float | None = arg(
+        None, "--max-step-ms",
+        "step-time target: each step's prefill is sized so the predicted step time stays within it "
+        "(decodes first); default: 2x the predicted decode-only step; 0: the token budget alone",
+        type=float, crd="engine.maxStepMs",
+    )
     priority_aging_per_s: float = arg(1.0, "--priority-aging-per-s",
                                       "with --scheduling-policy priority: how much a request's "
                                       "priority improves per second it waits", type=float)
     seed: int = arg(0, "--seed", "sampling seed", type=int)
     num_threads: int | None = arg(None, "--num-threads", "torch CPU threads of the engine", type=int)
+    speculative_config: str | None = arg(
+        None, "--speculative-config",
+        'speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}, {"method": "draft_model", "model": ..., '
+        '"num_speculative_tokens": 4} or {"method": "layer_skip", "num_layers": L, ...}',
+    )
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -130,8 +143,14 @@ class EngineConfig:
             raise ConfigError(f"--swap-space {self.swap_space} must be >= 0")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"--kv-cache-memory-gib {self.kv_cache_memory_gib} must be > 0")
+        if self.max_step_ms is not None and (self.max_step_ms < 0 or self.max_step_ms != self.max_step_ms):
+            raise ConfigError(f"--max-step-ms {self.max_step_ms} must be >= 0 (0: no step-time budget)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
+        try:
+            parse_speculative_config(self.speculative_config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def resolve_lengths(self, model_max_len: int) -> EngineConfig:
         """A copy with max_model_len / max_num_batched_tokens filled from the model, both
