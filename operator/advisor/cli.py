@@ -32,11 +32,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "print each with its evidence, the spec change (a JSON merge patch) and its expected effect.",
     )
     p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000 (or its /metrics URL)")
-    p.add_argument("--window", type=float, default=60.0,
-                   help="seconds between the two scrapes (default: 60)")
+    p.add_argument(
+        "--window", type=float, default=60.0, help="seconds between the two scrapes (default: 60)"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list of findings")
-    p.add_argument("--spec", type=Path, default=None,
-                   help="LLMService YAML (or its spec) for settings the server does not export")
+    p.add_argument(
+        "--spec",
+        type=Path,
+        default=None,
+        help="LLMService YAML (or its spec) for settings the server does not export",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per scrape (default: 10)")
     args = p.parse_args(argv)
     if args.window <= 0:
@@ -56,7 +61,9 @@ def read_spec(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"--spec {path}: {exc}") from exc
     if not isinstance(doc, dict):
-        raise ValueError(f"--spec {path}: expected an LLMService or its spec, got {type(doc).__name__}")
+        raise ValueError(
+            f"--spec {path}: expected an LLMService or its spec, got {type(doc).__name__}"
+        )
     return doc["spec"] if isinstance(doc.get("spec"), dict) else doc
 
 

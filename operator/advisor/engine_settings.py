@@ -9,10 +9,12 @@ it stays silent rather than guess. Pure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from llmservice.operator.advisor.snapshot import Scrape
+from llmservice.operator.spec import SERVER_OPTIONS, EngineSpec, ResourcesSpec, crd_key
 
 CACHE_INFO = "vllm:cache_config_info"
 ENGINE_INFO = "llmservice:engine_config_info"
@@ -82,19 +84,32 @@ def from_metrics(scrape: Scrape) -> EngineSettings:
     )
 
 
+# EngineSettings fields that are `spec.engine` fields: their names are EngineSpec's, and
+# their CRD names and defaults come from the server's option table (operator/spec.py).
+SPEC_ENGINE_FIELDS = tuple(f.name for f in fields(EngineSettings) if f.name in SERVER_OPTIONS)
+_BY_TYPE: dict[type, Callable[[Any], Any]] = {bool: _bool, int: _int, float: _float, str: _str}
+# How a value from a spec (possibly a hand-written --spec file) becomes a setting: by the
+# type of EngineSpec's default; a value of another type is unknown (None), not an error.
+_CONVERT = {name: _BY_TYPE[type(getattr(EngineSpec(), name))] for name in SPEC_ENGINE_FIELDS}
+
+
 def from_spec(spec: dict[str, Any] | None) -> EngineSettings:
-    """From an LLMService spec (`spec.engine`, `spec.resources.gpuMemoryUtilization`)."""
+    """From an LLMService spec (`spec.engine`, `spec.resources.gpuMemoryUtilization`).
+
+    Parsed as the operator parses it (EngineSpec, ResourcesSpec), keeping only the fields
+    the spec names: a default would hide the value the server reports it runs with.
+    """
     spec = spec or {}
-    engine = spec.get("engine") or {}
-    resources = spec.get("resources") or {}
-    return EngineSettings(
-        block_size=_int(engine.get("blockSize")),
-        max_model_len=_int(engine.get("maxModelLen")),
-        max_num_seqs=_int(engine.get("maxNumSeqs")),
-        max_num_batched_tokens=_int(engine.get("maxNumBatchedTokens")),
-        enable_prefix_caching=_bool(engine.get("enablePrefixCaching")),
-        enable_chunked_prefill=_bool(engine.get("enableChunkedPrefill")),
-        preemption_mode=_str(engine.get("preemptionMode")),
-        swap_space_gib=_float(engine.get("swapSpaceGiB")),
-        gpu_memory_utilization=_float(resources.get("gpuMemoryUtilization")),
-    )
+    engine_data = spec.get("engine") or {}
+    resources_data = spec.get("resources") or {}
+    engine = EngineSpec.from_dict(engine_data)
+    values: dict[str, Any] = {
+        name: _CONVERT[name](getattr(engine, name))
+        for name in SPEC_ENGINE_FIELDS
+        if engine_data.get(crd_key(SERVER_OPTIONS[name])) is not None
+    }
+    if resources_data.get("gpuMemoryUtilization") is not None:
+        values["gpu_memory_utilization"] = _float(
+            ResourcesSpec.from_dict(resources_data).gpu_memory_utilization
+        )
+    return EngineSettings(**values)

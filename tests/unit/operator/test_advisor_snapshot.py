@@ -5,6 +5,7 @@ through the same code as ours, and its settings come from `vllm:cache_config_inf
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -59,13 +60,38 @@ def test_quantiles_follow_prometheus_histogram_quantile():
 
 def test_spec_values_override_metric_values():
     metrics = engine_settings.EngineSettings(block_size=32, num_gpu_blocks=100)
-    spec = engine_settings.from_spec({"engine": {"blockSize": 16, "enablePrefixCaching": False},
-                                      "resources": {"gpuMemoryUtilization": 0.93}})
+    spec = engine_settings.from_spec(
+        {
+            "engine": {"blockSize": 16, "enablePrefixCaching": False},
+            "resources": {"gpuMemoryUtilization": 0.93},
+        }
+    )
     merged = metrics.overlaid(spec)
-    assert (merged.block_size, merged.num_gpu_blocks, merged.enable_prefix_caching) == (16, 100, False)
+    assert (merged.block_size, merged.num_gpu_blocks, merged.enable_prefix_caching) == (
+        16,
+        100,
+        False,
+    )
     assert merged.gpu_memory_utilization == 0.93
 
 
 def test_text_that_is_not_prometheus_is_a_value_error():
     with pytest.raises(ValueError):
         parse("<html>not metrics</html>\n{{{")
+
+
+def test_spec_settings_are_the_operators_parse_of_the_named_fields_only():
+    spec = {"engine": {"maxModelLen": 8192, "swapSpaceGiB": 4, "preemptionMode": "swap"}}
+    s = engine_settings.from_spec(spec)
+    assert (s.max_model_len, s.swap_space_gib, s.preemption_mode) == (8192, 4.0, "swap")
+    # unnamed fields stay unknown, so the server's reported value wins over a default
+    assert s.block_size is None and s.max_num_seqs is None and s.gpu_memory_utilization is None
+    # every scheduler/cache setting the rules read comes from the one option table
+    assert set(engine_settings.SPEC_ENGINE_FIELDS) == {
+        f.name for f in fields(engine_settings.EngineSettings)
+    } - {"gpu_memory_utilization", "num_gpu_blocks"}
+
+
+def test_a_hand_written_spec_value_of_another_type_is_unknown_not_a_crash():
+    s = engine_settings.from_spec({"engine": {"blockSize": "16", "enableChunkedPrefill": "yes"}})
+    assert (s.block_size, s.enable_chunked_prefill) == (16, None)
