@@ -1,4 +1,4 @@
-"""`llmservice` command line: serve, demo, bench, operator, advise."""
+"""`llmservice` command line: serve, demo, bench, operator, advise, router."""
 
 from __future__ import annotations
 
@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         from llmservice.operator.advisor.cli import main as advise_main
 
         return advise_main(argv[1:])
+    if argv and argv[0] == "router":  # its own parser (router/cli.py); no torch import
+        from llmservice.router.cli import main as router_main
+
+        return router_main(argv[1:])
     parser = argparse.ArgumentParser(prog="llmservice")
     sub = parser.add_subparsers(dest="command", required=True)
     from llmservice.server.cli_args import add_serve_args
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=64)
     sub.add_parser("operator", help="run the Kubernetes operator (kopf); `operator render -f FILE` prints its manifests")
     sub.add_parser("advise", help="find batching mistakes in a running server's /metrics (`advise URL --json`)")
+    sub.add_parser("router", help="prefix-aware proxy in front of an LLMService's pods (docs/router.md)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo(args)
