@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import ssl
 import subprocess
 import time
@@ -25,6 +24,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from tests.support.ports import free_port
 
 from .binaries import Binaries
 from .fake_kubelet import ClusterAccess
@@ -62,12 +63,6 @@ DEFAULT_CONTROLLERS = (
     "disruption-controller",
     "clusterrole-aggregation-controller",
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -20,8 +20,7 @@ import pytest
 from openai import OpenAI
 
 from tests.support.hub_endpoint import HubEndpoint, hub_models, serve_all  # noqa: F401
-
-from .conftest import BIN, ServerProcess, free_port, wait_ready
+from tests.support.server_process import BIN, ServerProcess, free_port, wait_ready
 
 ERROR_TIMEOUT_S = 10
 SERVE_ARGS = ("--max-model-len", "128", "--kv-cache-memory-gib", "0.01", "--num-threads", "1")

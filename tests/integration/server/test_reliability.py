@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+from tests.support.server_process import wait_ready
+
 MODEL = "builtin:smollm2-135m"
 KEY = "s3cret-key"
 COMMON = ("--max-model-len", "256", "--kv-cache-memory-gib", "0.1")
@@ -33,15 +35,11 @@ def _servers(launch_server):
 
 @pytest.fixture(scope="module")
 def guarded(_servers):
-    from .conftest import wait_ready
-
     return wait_ready(_servers["guarded"])
 
 
 @pytest.fixture(scope="module")
 def fragile(_servers):
-    from .conftest import wait_ready
-
     return wait_ready(_servers["fragile"])
 
 
