@@ -22,7 +22,7 @@ from llmservice.server.model.llama import LlamaModel
 
 def allocate_kv_caches(model: LlamaModel, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     cfg = model.config
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (num_blocks, block_size, model.num_kv_heads, cfg.head_dim)  # this rank's KV heads
     # zeros, not empty: padded block-table rows read block 0, and masked garbage must stay finite
     return [
         (torch.zeros(shape, dtype=model.dtype, device=model.device), torch.zeros(shape, dtype=model.dtype, device=model.device))

@@ -36,7 +36,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def plan_memory(config: EngineConfig, model: LlamaModel) -> memory.MemoryPlan:
     """How many KV blocks to allocate: an override, the CUDA budget after a profiled
     prefill, or the explicit CPU budget (default CPU_KV_CACHE_GIB)."""
-    kv_per_token = model.config.kv_bytes_per_token(torch.tensor([], dtype=model.dtype).element_size())
+    kv_per_token = model.kv_bytes_per_token(torch.tensor([], dtype=model.dtype).element_size())
     weights = model.weight_bytes()
     max_model_len = int(config.max_model_len)
     device = model.device

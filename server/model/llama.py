@@ -1,8 +1,11 @@
 """Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) whose attention reads/writes a paged KV cache.
 
-Plain tensors and F.linear rather than nn.Modules: the model is a pure function of
-(tokens, positions, attention metadata, KV pools). Q/K/V and gate/up projections are
-fused into one GEMM each, which matters on CPU where the batch is small.
+A pure function of (tokens, positions, attention metadata, KV pools), no nn.Module. Its
+matmuls are the tensor-parallel layers of `parallel.py` (one device: `World()`, each is
+the F.linear it replaces), and every weight is a `LinearWeight` from a `WeightSource`
+(parallel_weights.py), so sharding and weight encodings are decided outside the model.
+Q/K/V and gate/up are fused into one GEMM each (per rank: its own slice of each), which
+matters on CPU where the batch is small.
 """
 
 from __future__ import annotations
@@ -15,19 +18,58 @@ import torch.nn.functional as F
 from llmservice.kernels import ops
 from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.model.config import ModelConfig
+from llmservice.server.model.parallel import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    World,
+    even_shard,
+    kv_head_shard,
+    scaled,
+)
+from llmservice.server.model.parallel_weights import Shard, TensorSource, WeightSource
 
 
 @dataclass
-class LayerWeights:
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+class DecoderLayer:
+    qkv: ColumnParallelLinear
+    o_proj: RowParallelLinear
+    gate_up: ColumnParallelLinear
+    down: RowParallelLinear
     input_norm: torch.Tensor
     post_attn_norm: torch.Tensor
     q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm over each head of q and k
     k_norm: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        norms = [
+            t
+            for t in (self.input_norm, self.post_attn_norm, self.q_norm, self.k_norm)
+            if t is not None
+        ]
+        linears = (self.qkv, self.o_proj, self.gate_up, self.down)
+        return sum(x.weight.nbytes for x in linears) + sum(
+            t.numel() * t.element_size() for t in norms
+        )
+
+
+@dataclass(frozen=True)
+class RankShape:
+    """What one rank holds of a layer: its query heads, KV heads and MLP columns."""
+
+    q_heads: Shard
+    kv_heads: Shard
+    intermediate: Shard
+
+    @classmethod
+    def of(cls, config: ModelConfig, world: World) -> RankShape:
+        return cls(
+            even_shard(config.num_heads, world, "num_attention_heads"),
+            kv_head_shard(config.num_kv_heads, world),
+            even_shard(config.intermediate_size, world, "intermediate_size"),
+        )
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -64,58 +106,71 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, torch.Tensor] | WeightSource,
         device: torch.device,
         dtype: torch.dtype,
         max_positions: int,
         consume: bool = False,
+        world: World | None = None,
     ):
-        """`consume=True` empties `weights` as the layers are built, so the unfused
+        """`weights`: HF-named tensors or a `WeightSource` (which reads each rank's shard
+        only). `consume=True` empties a dict as the layers are built, so the unfused
         tensors are freed one layer at a time (peak memory ~ the weights, not twice)."""
         self.config = config
         self.device = device
         self.dtype = dtype
-        w = weights if consume else dict(weights)
-
-        def take(name: str) -> torch.Tensor:
-            return w.pop(name).to(device=device, dtype=dtype)
-
-        self.embed = take("model.embed_tokens.weight")
-        self.final_norm = take("model.norm.weight")
-        lm_head = take("lm_head.weight") if "lm_head.weight" in w else None
-        self.lm_head = self.embed if (lm_head is None or config.tie_word_embeddings) else lm_head
-        self.layers: list[LayerWeights] = []
+        self.world = world = world or World()
+        src = (
+            weights
+            if isinstance(weights, WeightSource)
+            else TensorSource(weights, device, dtype, consume)
+        )
+        shape = self.shape = RankShape.of(config, world)
+        d = config.head_dim
+        self.num_heads, self.num_kv_heads = shape.q_heads.length, shape.kv_heads.length
+        self.embed = VocabParallelEmbedding(
+            src, "model.embed_tokens.weight", config.vocab_size, world
+        )
+        self.final_norm = src.get("model.norm.weight")
+        self.tied_head = config.tie_word_embeddings or not src.has("lm_head.weight")
+        if self.tied_head:
+            self.lm_head = ParallelLMHead.tied(self.embed)
+        else:
+            self.lm_head = ParallelLMHead.load(src, "lm_head.weight", config.vocab_size, world)
+        q_rows, kv_rows = scaled(shape.q_heads, d), scaled(shape.kv_heads, d)
+        self.layers: list[DecoderLayer] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
-            bias = None
-            if config.attention_bias:
-                bias = torch.cat([take(a + f"{n}_proj.bias") for n in "qkv"])
             self.layers.append(
-                LayerWeights(
-                    qkv=torch.cat([take(a + f"{n}_proj.weight") for n in "qkv"]).contiguous(),
-                    qkv_bias=bias,
-                    o_proj=take(a + "o_proj.weight"),
-                    gate_up=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]).contiguous(),
-                    down=take(m + "down_proj.weight"),
-                    input_norm=take(p + "input_layernorm.weight"),
-                    post_attn_norm=take(p + "post_attention_layernorm.weight"),
-                    q_norm=take(a + "q_norm.weight") if config.qk_norm else None,
-                    k_norm=take(a + "k_norm.weight") if config.qk_norm else None,
+                DecoderLayer(
+                    qkv=ColumnParallelLinear(src, [a + "q_proj", a + "k_proj", a + "v_proj"],
+                                             [q_rows, kv_rows, kv_rows], bias=config.attention_bias),
+                    o_proj=RowParallelLinear(src, a + "o_proj", q_rows, world),
+                    gate_up=ColumnParallelLinear(src, [m + "gate_proj", m + "up_proj"], [shape.intermediate] * 2),
+                    down=RowParallelLinear(src, m + "down_proj", shape.intermediate, world),
+                    input_norm=src.get(p + "input_layernorm.weight"),
+                    post_attn_norm=src.get(p + "post_attention_layernorm.weight"),
+                    q_norm=src.get(a + "q_norm.weight") if config.qk_norm else None,
+                    k_norm=src.get(a + "k_norm.weight") if config.qk_norm else None,
                 )
-            )
+            )  # fmt: skip
+        src.release()
         self.cos_sin_cache = rope_cache(config, max_positions, device)
-        self.scale = config.head_dim**-0.5
-        self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = d**-0.5
+        self.q_size = self.num_heads * d
+        self.kv_size = self.num_kv_heads * d
 
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.final_norm]
-        if self.lm_head is not self.embed:
-            tensors.append(self.lm_head)
-        for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes of the weights this rank holds."""
+        total = self.embed.nbytes + self.final_norm.numel() * self.final_norm.element_size()
+        if not self.tied_head:
+            total += self.lm_head.weight.nbytes
+        return total + sum(layer.nbytes for layer in self.layers)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV bytes per token on this rank (its KV heads only)."""
+        return 2 * self.config.num_layers * self.num_kv_heads * self.config.head_dim * dtype_bytes
 
     @torch.inference_mode()
     def forward(
@@ -125,34 +180,39 @@ class LlamaModel:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_indices: torch.Tensor,
-    ) -> torch.Tensor:
-        """Run T new tokens through the model; return fp32 logits [S, vocab] at logits_indices."""
+    ) -> torch.Tensor | None:
+        """Run T new tokens through the model; return fp32 logits [S, vocab] at
+        logits_indices (on rank 0; other ranks of a tensor-parallel group get None)."""
         cfg = self.config
         t = input_ids.shape[0]
         eps = cfg.rms_norm_eps
-        hidden = F.embedding(input_ids, self.embed)
+        d, nh, nkv = cfg.head_dim, self.num_heads, self.num_kv_heads
+        hidden = self.embed(input_ids)
         residual = hidden
         x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = q.view(t, cfg.num_heads, cfg.head_dim)
-            k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
-            v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
+            q = q.view(t, nh, d)
+            k = k.view(t, nkv, d)
+            v = v.view(t, nkv, d)
             if layer.q_norm is not None:
-                q = ops.rms_norm(q.reshape(-1, cfg.head_dim), layer.q_norm, eps).view(t, cfg.num_heads, cfg.head_dim)
-                k = ops.rms_norm(k.reshape(-1, cfg.head_dim), layer.k_norm, eps).view(t, cfg.num_kv_heads, cfg.head_dim)
+                q = ops.rms_norm(q.reshape(-1, d), layer.q_norm, eps).view(t, nh, d)
+                k = ops.rms_norm(k.reshape(-1, d), layer.k_norm, eps).view(t, nkv, d)
             ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
             k_cache, v_cache = kv_caches[i]
             ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
-            o = F.linear(attn.reshape(t, self.q_size), layer.o_proj)
+            o = layer.o_proj(attn.reshape(t, self.q_size))
             x, residual = ops.fused_add_rms_norm(o, residual, layer.post_attn_norm, eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            mlp = F.linear(F.silu(gate) * up, layer.down)
-            next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            mlp = layer.down(F.silu(gate) * up)
+            next_norm = (
+                self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
+            )
             x, residual = ops.fused_add_rms_norm(mlp, residual, next_norm, eps)
-        return F.linear(x.index_select(0, logits_indices), self.lm_head).float()
+        logits = self.lm_head(x.index_select(0, logits_indices))
+        return logits.float() if logits is not None else None
 
 
 def score_tokens(model: LlamaModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
@@ -160,9 +220,12 @@ def score_tokens(model: LlamaModel, token_ids: list[int], block_size: int = 16) 
     n = len(token_ids)
     nblocks = -(-n // block_size)
     cfg = model.config
-    shape = (nblocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (nblocks, block_size, model.num_kv_heads, cfg.head_dim)
     caches = [
-        (torch.zeros(shape, dtype=model.dtype, device=model.device), torch.zeros(shape, dtype=model.dtype, device=model.device))
+        (
+            torch.zeros(shape, dtype=model.dtype, device=model.device),
+            torch.zeros(shape, dtype=model.dtype, device=model.device),
+        )
         for _ in range(cfg.num_layers)
     ]
     dev = model.device
