@@ -56,6 +56,7 @@ LLMSERVICE_ONLY = (
     "kv_cache_memory_gib",
     "max_waiting_requests",
     "max_queue_delay_ms",
+    "max_step_ms",
     "max_tokens_default",
     "request_timeout_s",
     "shutdown_grace_seconds",

@@ -10,7 +10,6 @@ sigs.k8s.io/lws Go module by hack/fetch-lws-crd.sh (kubernetes-validate knows no
 from __future__ import annotations
 
 import copy
-import os
 import re
 import subprocess
 from functools import cache
@@ -23,7 +22,7 @@ import yaml
 from llmservice.operator import lws_support
 from llmservice.operator.admission import admit, apply_defaults, prune, validate
 from llmservice.operator.reconcile import Options, checks
-from llmservice.operator.render import Owner, render
+from llmservice.operator.render import Owner
 from llmservice.operator.render_lws import LWS_VERSION, WORKER_INDEX
 from llmservice.operator.render_vllm import (
     LLMSERVICE_ONLY,
@@ -35,15 +34,13 @@ from llmservice.operator.spec import LLMServiceSpec
 from llmservice.operator.vram import check_fit
 from llmservice.server.cli_args import BY_NAME
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.golden import ROOT, UID, admitted, assert_golden, crd_schema, example, rendered
+
 GOLDEN = Path(__file__).parent / "golden_vllm"
 FIXTURE = Path(__file__).parent / "fixtures/vllm-serve-args.txt"
 K8S_VERSION = "1.34.0"
 EXAMPLES = ["vllm-llama-3-8b", "vllm-llama-3-405b-multinode"]
-UID = "11111111-2222-3333-4444-555555555555"
-CRD_SCHEMA = yaml.safe_load((ROOT / "crds/llmservice.yaml").read_text())["spec"]["versions"][
-    0
-]["schema"]["openAPIV3Schema"]
+CRD_SCHEMA = crd_schema()
 
 
 @cache
@@ -67,21 +64,6 @@ def vllm_flags() -> dict[str, str]:
             for name in names.split(","):
                 flags[name] = kind
     return flags
-
-
-def admitted(obj: dict[str, Any]) -> dict[str, Any]:
-    stored, errors = admit(CRD_SCHEMA, obj, None)
-    assert errors == []
-    return stored
-
-
-def example(name: str) -> dict[str, Any]:
-    return admitted(yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text()))
-
-
-def rendered(obj: dict[str, Any], **kwargs: Any):
-    owner = Owner(obj["metadata"]["name"], "default", UID)
-    return render(owner, LLMServiceSpec.from_dict(obj["spec"]), **kwargs)
 
 
 def vllm_obj(**engine: Any) -> dict[str, Any]:
@@ -113,13 +95,7 @@ def serve_argv(manifests) -> list[str]:
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_golden(name):
-    manifests = rendered(example(name), with_service_monitor=True)
-    text = yaml.safe_dump_all(manifests.all(), sort_keys=False)
-    path = GOLDEN / f"{name}.yaml"
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text()
+    assert_golden(name, GOLDEN)
 
 
 def check_lws_object(lws: dict[str, Any]) -> None:
@@ -206,6 +182,7 @@ REFUSALS = {  # our-only engine field -> a value the object sets
     "kvCacheMemoryGiB": 2,
     "maxWaitingRequests": 64,
     "maxQueueDelayMs": 500,
+    "maxStepMs": 50,
     "maxTokensDefault": 256,
     "requestTimeoutSeconds": 60,
 }
