@@ -6,42 +6,18 @@ Regenerate the golden files after an intended change with
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from llmservice.operator.admission import admit
-from llmservice.operator.render import DEFAULT_SERVER_IMAGE, Owner, render, selector_string
-from llmservice.operator.spec import LLMServiceSpec
+from llmservice.operator.render import DEFAULT_SERVER_IMAGE, selector_string
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.golden import ROOT, assert_golden, example, rendered
+
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.34.0"  # the Kubernetes release whose OpenAPI schemas the manifests must pass
 EXAMPLES = ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4", "qwen2.5-7b"]
-
-
-def crd_schema() -> dict[str, Any]:
-    crd = yaml.safe_load((ROOT / "crds/llmservice.yaml").read_text())
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
-
-def admitted(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object as the API server stores it: pruned, defaulted, validated."""
-    stored, errors = admit(crd_schema(), obj, None)
-    assert errors == []
-    return stored
-
-
-def example(name: str) -> dict[str, Any]:
-    return admitted(yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text()))
-
-
-def rendered(obj: dict[str, Any], **kwargs: Any):
-    owner = Owner(obj["metadata"]["name"], "default", "11111111-2222-3333-4444-555555555555")
-    return render(owner, LLMServiceSpec.from_dict(obj["spec"]), **kwargs)
 
 
 def args_of(manifests) -> list[str]:
@@ -54,13 +30,7 @@ def flag(args: list[str], name: str) -> str:
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_golden(name):
-    manifests = rendered(example(name), with_service_monitor=True)
-    text = yaml.safe_dump_all(manifests.all(), sort_keys=False)
-    path = GOLDEN / f"{name}.yaml"
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text()
+    assert_golden(name, GOLDEN)
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
