@@ -13,6 +13,7 @@ from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import ConfigError, EngineConfig
 from llmservice.server.engine import memory, startup
 from llmservice.server.engine.block_manager import BlockManager
+from llmservice.server.engine.grammar import GrammarCompilerService, GrammarStates
 from llmservice.server.engine.outputs import Delta, Detokenizer, RequestOutput
 from llmservice.server.engine.request import Request, RequestStatus, TokenLogprob
 from llmservice.server.engine.runner import ModelRunner
@@ -73,6 +74,10 @@ class LLMEngine:
             config, self.runner.kv_caches, memory_plan.kv_bytes_per_token
         )
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space, PreemptionCosts())
+        # Structured outputs: compiles off the step loop; the scheduler skips a request
+        # whose grammar is still compiling (Scheduler._can_admit asks admission_gate).
+        self.grammars = GrammarStates(GrammarCompilerService(tokenizer, model.config.vocab_size))
+        self.scheduler.admission_gate = self._grammar_ready
         self.detokenizers: dict[str, Detokenizer] = {}
         self.last_step = StepStats()
         self._ids = itertools.count()
@@ -202,11 +207,17 @@ class LLMEngine:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.detokenizers[req.request_id] = Detokenizer(self.tokenizer, req.sampling_params)
         self.scheduler.add(req)
+        if req.sampling_params.structured is not None:
+            self.grammars.add(req.request_id, req.sampling_params.structured)
         return req
+
+    def _grammar_ready(self, req: Request) -> bool:
+        return req.sampling_params.structured is None or self.grammars.ready(req.request_id)
 
     def abort_request(self, request_id: str) -> bool:
         req = self.scheduler.abort(request_id)
         self.detokenizers.pop(request_id, None)
+        self.grammars.release(request_id)
         return req is not None
 
     def has_unfinished_requests(self) -> bool:
@@ -225,20 +236,52 @@ class LLMEngine:
         """One scheduler decision, run and sampled; a Delta for each request that got
         tokens (or finished)."""
         t0 = time.perf_counter()
+        failed = self._grammar_failures() if self.grammars else []
         sched = self.scheduler.schedule()
         stats = StepStats(num_preempted=len(sched.preempted_request_ids))
         self._do_swaps(sched)
+        if self.grammars:
+            self._fill_bitmasks(sched)
         result = self.runner.execute(sched)
         if sched.is_empty:
             self.last_step = stats
-            return []
+            return failed
         stats.num_prompt_tokens = sched.num_prompt_tokens
         stats.num_batched_tokens = sched.num_batched_tokens
         touched = self.scheduler.update(sched, result.tokens)
-        deltas = [self._make_delta(req, tokens, result.logprobs.get(req.request_id, [])) for req, tokens in touched]
+        if self.grammars:
+            self._advance_grammars(touched)
+        deltas = failed + [self._make_delta(req, tokens, result.logprobs.get(req.request_id, [])) for req, tokens in touched]
         stats.num_generation_tokens = sum(len(d.new_token_ids) for d in deltas)
         stats.duration_s = time.perf_counter() - t0
         self.last_step = stats
+        return deltas
+
+    # ---- structured outputs (grammar.py) --------------------------------------------------
+    def _fill_bitmasks(self, sched: SchedulerOutput) -> None:
+        """Each constrained row that samples this step gets its grammar's token bitmask."""
+        for s in sched.scheduled:
+            if s.sample and s.request_id in self.grammars:
+                req = self.scheduler.requests[s.request_id]
+                s.grammar_bitmask = self.grammars.bitmask(s.request_id, req.output_token_ids)
+
+    def _advance_grammars(self, touched: list[tuple[Request, list[int]]]) -> None:
+        """Feed the kept tokens to the matchers; a complete grammar finishes its request."""
+        for req, tokens in touched:
+            rid = req.request_id
+            if rid in self.grammars and self.grammars.accept(rid, tokens) and not req.is_finished:
+                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+
+    def _grammar_failures(self) -> list[Delta]:
+        """Requests whose grammar failed to compile end (aborted) instead of running free."""
+        deltas = []
+        for rid, error in self.grammars.failed():
+            log.warning("request %s: its grammar failed to compile (%s); aborting it", rid, error)
+            req = self.scheduler.abort(rid)
+            self.grammars.release(rid)
+            self.detokenizers.pop(rid, None)
+            if req is not None:
+                deltas.append(Delta(rid, [], "", finished=True, finish_reason="abort"))
         return deltas
 
     def _make_delta(self, req: Request, new_tokens: list[int], logprobs: list[TokenLogprob]) -> Delta:
@@ -257,6 +300,7 @@ class LLMEngine:
         self.detokenize_seconds += time.perf_counter() - t0
         if finished:
             self.detokenizers.pop(req.request_id, None)
+            self.grammars.release(req.request_id)
         return Delta(
             request_id=req.request_id,
             new_token_ids=new_tokens,

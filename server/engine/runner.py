@@ -88,7 +88,7 @@ class ModelRunner:
             tables.append(blocks)
             if s.sample:
                 logits_rows.append(len(input_ids) - 1)
-                sample_rows.append((s.request_id, SampleRow(state.sampling_params, s.output_index)))
+                sample_rows.append((s.request_id, SampleRow(state.sampling_params, s.output_index, s.grammar_bitmask)))
         width = max(len(t) for t in tables)
         table_tensor = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         starts = [0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmservice.server.engine.grammar_spec import StructuredSpec
+
 
 @dataclass
 class SamplingParams:
@@ -19,6 +21,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured: StructuredSpec | None = None  # constrained decoding (grammar.py); None: free text
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -11,6 +11,7 @@ sequences.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmservice.server.engine.sampling_params import SamplingParams
 
@@ -35,6 +36,9 @@ class ScheduledRequest:
     output_index: int = 0  # output tokens generated before this step (seeded sampling's position)
     # Draft tokens to verify, computed after token_ids; rejected ones are rolled back.
     spec_token_ids: list[int] = field(default_factory=list)
+    # Structured outputs: the packed token bitmask of the allowed next tokens (a torch
+    # int32 tensor, filled by the engine's grammar state before the step); None: free.
+    grammar_bitmask: Any = None
 
     @property
     def num_tokens(self) -> int:
