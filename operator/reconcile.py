@@ -177,6 +177,8 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
         if kube.delete(deployment_path) is not None:
             emit("Normal", "Deleted", f"Deleted Deployment {owner.name} (now a LeaderWorkerSet)")
         return Outcome(fit, True, lws_support.lws_view(applied["LeaderWorkerSet"]), support)
+    if spec.engine.kind == "vllm" and lws_support.delete_leftover(kube, owner.namespace, owner.name):
+        emit("Normal", "Deleted", f"Deleted LeaderWorkerSet {owner.name} (back within one node)")
     return Outcome(fit, True, deployment_view(applied["Deployment"]), support)
 
 
