@@ -15,11 +15,8 @@ from kubernetes import client
 
 from tests.support.hub_endpoint import HubEndpoint, hub_models, serve_all  # noqa: F401
 
+from .chart_operator import GROUP, PLURAL, VERSION, Helm, Operator, condition, installed_operator
 from .control_plane import ControlPlane
-from .namespaces import create_namespace, delete_namespace
-from .nodes import start_node
-from .pod_status import NodeSpec
-from .test_operator_e2e import CHART, GROUP, NODE_ENV, PLURAL, VERSION, Helm, Operator, condition
 from .waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -43,27 +40,12 @@ def operator(
     hub: HubEndpoint,
 ) -> Iterator[Operator]:
     """The chart, pointed at the test Hub; its node runs the operator and the server pods."""
-    core = client.CoreV1Api(kube_api)
-    ns = create_namespace(core, "llmservice-hub-system")
-    node = start_node(
-        kube_api, NodeSpec(name="hub-node", cpu="16", memory="64Gi"),
-        workdir=tmp_path_factory.mktemp("hub-node"), access=control_plane.access(),
-        run_containers=True, env=NODE_ENV,
-    )  # fmt: skip
-    op = Operator(ns, node, control_plane)
-    try:
-        out = helm("install", RELEASE, CHART, "-n", ns, "--set", f"hfEndpoint={hub.base_url}",
-                   "--wait", "--timeout", "180s")  # fmt: skip
-        assert out.returncode == 0, f"{out.stderr}\noperator log:\n{op.log()}"
-        (pod,) = core.list_namespaced_pod(
-            ns, label_selector=f"app.kubernetes.io/instance={RELEASE}"
-        ).items
-        op.user = f"system:serviceaccount:{ns}:{pod.spec.service_account_name}"
+    with installed_operator(
+        helm, kube_api, control_plane, tmp_path_factory.mktemp("hub-node"),
+        release=RELEASE, namespace="llmservice-hub-system", node_name="hub-node",
+        values={"hfEndpoint": hub.base_url},
+    ) as op:  # fmt: skip
         yield op
-    finally:
-        helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "60s")
-        node.stop()
-        delete_namespace(core, ns)
 
 
 def hub_llmservice(name: str, endpoint: str, cache: Path) -> dict:
