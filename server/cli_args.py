@@ -112,7 +112,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerArg
     if values.get("api_key") is None:
         values["api_key"] = api_key_from_env()
     server = ServerArgs(**values)
-    problem = unsupported(args.model, server.tensor_parallel_size)
+    problem = unsupported(args.model, args.tensor_parallel_size)
     if problem is not None:
         raise UnsupportedError(problem)
     engine = _values(EngineConfig, args)

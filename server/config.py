@@ -3,8 +3,7 @@ and the LLMService field each one is set from (see argspec.py for the metadata).
 
 Two dataclasses, one module: `EngineConfig` is what the engine core process receives and
 validates; `ServerArgs` holds what only the API process uses (where to listen, the queue
-bound, the drain, the tokenizer pool) and what the engine never sees (tensor parallel
-size is decided by capabilities.py before an engine exists). argparse, the operator's
+bound, the drain, the tokenizer pool) and what the engine never sees. argparse, the operator's
 rendered command and the CRD contract test all read both from here.
 """
 
@@ -107,6 +106,11 @@ class EngineConfig:
                                       "priority improves per second it waits", type=float)
     seed: int = arg(0, "--seed", "sampling seed", type=int)
     num_threads: int | None = arg(None, "--num-threads", "torch CPU threads of the engine", type=int)
+    tensor_parallel_size: int = arg(
+        1, "--tensor-parallel-size",
+        "ranks (GPUs, or CPU processes) one replica shards the model over: N worker processes "
+        "in this pod, the scheduler in one", type=int, aliases=("-tp",), crd="engine.tensorParallelSize",
+    )
     speculative_config: str | None = arg(
         None, "--speculative-config",
         'speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
@@ -147,6 +151,8 @@ class EngineConfig:
             raise ConfigError(f"--max-step-ms {self.max_step_ms} must be >= 0 (0: no step-time budget)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"--tensor-parallel-size {self.tensor_parallel_size} must be >= 1")
         try:
             parse_speculative_config(self.speculative_config)
         except ValueError as e:
@@ -189,8 +195,6 @@ class ServerArgs:
         "on SIGTERM, how long in-flight requests may run before they are aborted",
         type=float, crd="engine.shutdownGraceSeconds",
     )
-    tensor_parallel_size: int = arg(1, "--tensor-parallel-size", "GPUs one replica shards the model over",
-                                    type=int, aliases=("-tp",), crd="engine.tensorParallelSize")
     download_dir: str | None = arg(
         None, "--download-dir",
         "Hub download cache (default: HF_HUB_CACHE, i.e. $HF_HOME/hub); relative model paths are "
@@ -235,7 +239,5 @@ class ServerArgs:
             raise ConfigError(f"--max-waiting-requests {self.max_waiting_requests} must be >= 0")
         if self.shutdown_grace_seconds < 0:
             raise ConfigError(f"--shutdown-grace-seconds {self.shutdown_grace_seconds} must be >= 0")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"--tensor-parallel-size {self.tensor_parallel_size} must be >= 1")
         if self.tokenizer_workers < 1:
             raise ConfigError(f"--tokenizer-workers {self.tokenizer_workers} must be >= 1")

@@ -20,7 +20,8 @@ from llmservice.server.engine.runner import ModelRunner
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.engine.scheduler import Scheduler
 from llmservice.server.engine.step import SchedulerOutput
-from llmservice.server.engine.swap_space import PreemptionCosts
+from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
+from llmservice.server.engine.tp_executor import TPExecutor, build_tp_engine
 from llmservice.server.model.llama import LlamaModel
 from llmservice.server.model.loaded import LoadedModel
 from llmservice.server.model.loader import load_model
@@ -52,6 +53,7 @@ class LLMEngine:
         tokenizer: TextTokenizer,
         memory_plan: memory.MemoryPlan,
         load_seconds: float = 0.0,
+        runner: TPExecutor | None = None,
     ):
         """Cheap: wires the parts around an already-built model and a memory plan (the KV
         and swap pools are allocated here). `from_config` does the loading and measuring."""
@@ -69,10 +71,14 @@ class LLMEngine:
         self.detokenize_seconds = 0.0  # cumulative (llmservice:detokenize_seconds_total)
         num_blocks = memory_plan.num_blocks
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.seed)
-        self.swap_space, self.swap_pools = startup.allocate_swap_space(
-            config, self.runner.kv_caches, memory_plan.kv_bytes_per_token
-        )
+        if runner is None:
+            self.runner = ModelRunner(model, num_blocks, config.block_size, config.seed)
+            self.swap_space, self.swap_pools = startup.allocate_swap_space(
+                config, self.runner.kv_caches, memory_plan.kv_bytes_per_token
+            )
+        else:  # tensor-parallel ranks (tp_executor.py) hold the KV and swap pools
+            self.runner = runner
+            self.swap_space, self.swap_pools = SwapSpace(runner.num_swap_blocks), []
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space, PreemptionCosts())
         # Structured outputs: compiles off the step loop; the scheduler skips a request
         # whose grammar is still compiling (Scheduler._can_admit asks admission_gate).
@@ -93,6 +99,8 @@ class LLMEngine:
         `--preemption-mode auto`) time both preemption modes on this machine. `loaded`
         lets tests and benchmarks build many engines from one parsed model."""
         config = config or EngineConfig()
+        if config.tensor_parallel_size > 1 and loaded is None:
+            return build_tp_engine(cls, config)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         device = startup.resolve_device(config.device)
@@ -134,6 +142,8 @@ class LLMEngine:
 
     # ---- swap ------------------------------------------------------------------------
     def _do_swaps(self, sched: SchedulerOutput) -> None:
+        if not self.swap_pools:  # none, or on the tensor-parallel ranks
+            return
         device_pools = kv_pools(self.runner.kv_caches)
         if sched.swap_out:
             src, dst = zip(*sched.swap_out, strict=True)

@@ -117,7 +117,7 @@ class ModelRunner:
             return result
         ids, pos, meta, rows, sample_rows = self.prepare(out.scheduled)
         logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
-        if sample_rows:
+        if sample_rows and logits is not None:  # None: a tensor-parallel rank other than 0
             sampled = self.sampler(logits, [row for _, row in sample_rows])
             for (rid, _), (token, lp) in zip(sample_rows, sampled, strict=True):
                 result.tokens[rid] = [token]

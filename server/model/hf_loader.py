@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+from llmservice.server.model.parallel_weights import Shard, WeightSource
 from llmservice.server.model.sources import ARCHITECTURES, architecture_problem
 from safetensors import safe_open
 
@@ -172,3 +173,29 @@ def load_hf_dir(
         if progress:
             progress(i + 1, len(files))
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=path)
+
+
+class SafetensorsSource(WeightSource):
+    """An HF directory's tensors by name, each read as the slice a rank asks for
+    (safetensors `get_slice`: only those bytes of the memory-mapped file are touched)."""
+
+    def __init__(self, path: Path, device: torch.device | str, dtype: torch.dtype):
+        super().__init__(device, dtype)
+        self.files = [safe_open(str(file), framework="pt") for file in shard_files(path)]
+        self.where = {key: f for f in self.files for key in f.keys()}
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def _read(self, name: str, dim: int, shard: Shard | None) -> torch.Tensor:
+        f = self.where[name]
+        if shard is None:
+            return f.get_tensor(name)
+        view = f.get_slice(name)
+        index = [slice(None)] * len(view.get_shape())
+        index[dim] = slice(shard.start, shard.end)
+        return view[tuple(index)]
+
+    def release(self) -> None:
+        self.where.clear()
+        self.files.clear()

@@ -12,8 +12,11 @@ from llmservice.server.config import LOAD_FORMATS
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.dummy import dummy_weights
 from llmservice.server.model.gguf_loader import load_gguf, read_gguf_info
-from llmservice.server.model.hf_loader import load_hf_dir, read_hf_info
+from llmservice.server.model.gguf_source import GGUFSource
+from llmservice.server.model.hf_loader import SafetensorsSource, load_hf_dir, read_hf_info
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+from llmservice.server.model.parallel_weights import TensorSource, WeightSource
+from llmservice.server.model.quant_weights import packs_gguf, weights_nbytes
 from llmservice.server.model.registry import resolve_model_path
 from llmservice.server.model.sources import parse_hub_ref
 
@@ -53,9 +56,12 @@ def load_model(
     progress: Callable[[int, int], None] | None = None,
     load_format: str = "auto",
     device: torch.device | str = "cpu",
+    cpu_weights: str = "quantized",
 ) -> LoadedModel:
     """`load_format="dummy"` reads only the architecture and tokenizer and makes random
-    weights of that shape on `device` (an HF directory then needs no *.safetensors)."""
+    weights of that shape on `device` (an HF directory then needs no *.safetensors).
+    `cpu_weights="quantized"`: a GGUF's Q4_0/Q4_1/Q8_0 matrices stay packed for the CPU
+    kernels when the model runs on CPU in fp32 (docs/cpu.md); "fp32" dequantizes them."""
     if load_format not in LOAD_FORMATS:
         raise UnsupportedModelError(f"load format {load_format!r} is not one of {list(LOAD_FORMATS)}")
     if load_format == "dummy":
@@ -66,9 +72,26 @@ def load_model(
     if kind == "hf":
         loaded = load_hf_dir(path, dtype, progress, device=device)
     else:
-        loaded = load_gguf(path, dtype, progress)
+        loaded = load_gguf(path, dtype, progress, pack=packs_gguf(cpu_weights, device, dtype))
     dt = time.perf_counter() - t0
-    size = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+    size = weights_nbytes(loaded.weights)
     log.info("loaded %s: %.2f GB of %s weights in %.2f s (%.2f GB/s)", path, size / 1e9,
              str(dtype).removeprefix("torch."), dt, size / 1e9 / max(dt, 1e-9))
     return loaded
+
+
+def weight_source(
+    model: str | Path,
+    dtype: torch.dtype,
+    load_format: str = "auto",
+    device: torch.device | str = "cpu",
+) -> tuple[Path, ModelConfig, TokenizerSource, WeightSource]:
+    """The weights as a source a tensor-parallel rank reads its shard from, without
+    loading the rest: safetensors slices, GGUF rows/blocks, or dummy weights."""
+    path, config, tokenizer = read_model_info(model)
+    if load_format == "dummy":
+        return path, config, tokenizer, TensorSource(dummy_weights(config, dtype, device), device, dtype, True)
+    _, kind = model_path(path)
+    if kind == "hf":
+        return path, config, tokenizer, SafetensorsSource(path, device, dtype)
+    return path, config, tokenizer, GGUFSource(path, config, device, dtype)

@@ -57,7 +57,7 @@ def test_every_flag_the_server_had_still_parses_into_the_same_config():
     )  # fmt: skip
     assert server == ServerArgs(
         host="127.0.0.1", port=8123, max_waiting_requests=16, shutdown_grace_seconds=5.0,
-        tensor_parallel_size=1, download_dir="/d", tokenizer_workers=3, log_level="debug",
+        download_dir="/d", tokenizer_workers=3, log_level="debug",
     )  # fmt: skip
 
 
@@ -137,8 +137,8 @@ def test_bad_values_name_their_flag(argv, message):
 def test_serve_exits_2_before_loading_anything_it_cannot_run(capsys):
     from llmservice.server.api.launch import serve
 
-    assert serve(serve_parser().parse_args(["-tp", "2"])) == 2
-    assert "--tensor-parallel-size 2" in capsys.readouterr().err
+    assert serve(serve_parser().parse_args(["-tp", "9"])) == 2
+    assert "--tensor-parallel-size 9" in capsys.readouterr().err
 
 
 def test_serve_help_lists_every_flag():
