@@ -160,6 +160,7 @@ def server_options(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -
         "kv_cache_memory_gib": e.kv_cache_memory_gib,  # None: left out
         "max_queue_delay_ms": e.max_queue_delay_ms,
         "max_step_ms": e.max_step_ms,  # None: left out
+        "speculative_config": e.speculative.to_json() if e.speculative else None,
         "max_tokens_default": e.max_tokens_default,  # None: left out
         "request_timeout_s": e.request_timeout_s,
         **source_options,

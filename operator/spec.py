@@ -8,6 +8,7 @@ from the server's own definition (server/config.py); tests keep the CRD equal to
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,7 @@ SERVER_OPTIONS = {
 OPERATOR_ENGINE_FIELDS = (
     "image", "imagePullPolicy", "startupTimeoutSeconds", "extraArgs", "env", "apiKeySecretRef",
     "kind", "pipelineParallelSize",  # engine.kind: vllm (render_vllm.py, render_lws.py)
+    "speculative",  # rendered to --speculative-config (SpeculativeSpec)
 )
 
 
@@ -119,6 +121,43 @@ def crd_key(option: str) -> str:
 
 def _default(option: str) -> Any:
     return BY_NAME[option].crd_default
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """spec.engine.speculative: the CRD's camelCase fields, rendered as vLLM's JSON keys."""
+
+    method: str
+    tokens: int
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    model: str | None = None
+    num_layers: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> SpeculativeSpec | None:
+        if not data:
+            return None
+        return cls(
+            method=data["method"],
+            tokens=int(data["tokens"]),
+            prompt_lookup_max=data.get("promptLookupMax"),
+            prompt_lookup_min=data.get("promptLookupMin"),
+            model=data.get("model"),
+            num_layers=data.get("numLayers"),
+        )
+
+    def to_json(self) -> str:
+        """The --speculative-config value (keys left unset are left out: the server's defaults)."""
+        keys = {
+            "method": self.method,
+            "num_speculative_tokens": self.tokens,
+            "prompt_lookup_max": self.prompt_lookup_max,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "model": self.model,
+            "num_layers": self.num_layers,
+        }
+        return json.dumps({k: v for k, v in keys.items() if v is not None}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -152,6 +191,7 @@ class EngineSpec:
     env: tuple[tuple[str, str], ...] = ()
     kind: str = "llmservice"  # or "vllm": stock `vllm serve` (render_vllm.py)
     pipeline_parallel_size: int = 1  # vllm only; TP x PP past one node -> LeaderWorkerSet
+    speculative: SpeculativeSpec | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:
@@ -171,6 +211,7 @@ class EngineSpec:
             env=tuple((e["name"], str(e.get("value", ""))) for e in _get(data, "env", ())),
             kind=_get(data, "kind", d.kind),
             pipeline_parallel_size=_get(data, "pipelineParallelSize", d.pipeline_parallel_size),
+            speculative=SpeculativeSpec.from_dict(_get(data, "speculative", None)),
         )
 
     def server_options(self) -> dict[str, Any]:
