@@ -47,6 +47,11 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
         prefix_potential_hits=sched.prefix_potential_hits,
         detokenize_seconds=engine.detokenize_seconds,
         step_tokens=engine.last_step.num_batched_tokens if stepped else None,
+        step_seconds=engine.last_step.duration_s if stepped and engine.last_step.kind else None,
+        step_kind=engine.last_step.kind if stepped else "",
+        step_target_seconds=engine.last_step.target_s if stepped else None,
+        step_cost=engine.cost_model.coefficients.as_tuple(),
+        step_decode_overruns=engine.scheduler.budget_stats.decode_overruns,
     )
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import ConfigError, EngineConfig
-from llmservice.server.engine import memory, startup
+from llmservice.server.engine import memory, startup, step_profile
 from llmservice.server.engine.block_manager import BlockManager
+from llmservice.server.engine.cost_model import StepCostModel, StepShape
 from llmservice.server.engine.grammar import GrammarCompilerService, GrammarStates
 from llmservice.server.engine.outputs import Delta, Detokenizer, RequestOutput
 from llmservice.server.engine.request import Request, RequestStatus, TokenLogprob
@@ -43,6 +44,9 @@ class StepStats:
     num_generation_tokens: int = 0
     num_preempted: int = 0
     duration_s: float = 0.0
+    kind: str = ""  # "decode" (no prompt token), "prefill" (no decode), "mixed"; "" when empty
+    target_s: float | None = None  # the step-time budget's target (None: no time limit)
+    predicted_s: float = 0.0  # the cost model's prediction when the step was planned
 
 
 class LLMEngine:
@@ -58,7 +62,9 @@ class LLMEngine:
         """Cheap: wires the parts around an already-built model and a memory plan (the KV
         and swap pools are allocated here). `from_config` does the loading and measuring."""
         if config.max_model_len is None or config.max_num_batched_tokens is None:
-            raise ValueError("LLMEngine needs a config with resolved lengths (EngineConfig.resolve_lengths)")
+            raise ValueError(
+                "LLMEngine needs a config with resolved lengths (EngineConfig.resolve_lengths)"
+            )
         self.config = config
         self.model = model
         self.model_config = model.config
@@ -70,7 +76,9 @@ class LLMEngine:
         self.load_seconds = load_seconds
         self.detokenize_seconds = 0.0  # cumulative (llmservice:detokenize_seconds_total)
         num_blocks = memory_plan.num_blocks
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching
+        )
         if runner is None:
             self.runner = ModelRunner(model, num_blocks, config.block_size, config.seed)
             self.swap_space, self.swap_pools = startup.allocate_swap_space(
@@ -79,7 +87,14 @@ class LLMEngine:
         else:  # tensor-parallel ranks (tp_executor.py) hold the KV and swap pools
             self.runner = runner
             self.swap_space, self.swap_pools = SwapSpace(runner.num_swap_blocks), []
-        self.scheduler = Scheduler(config, self.block_manager, self.swap_space, PreemptionCosts())
+        self.cost_model = StepCostModel()
+        self.scheduler = Scheduler(
+            config,
+            self.block_manager,
+            self.swap_space,
+            PreemptionCosts(),
+            cost_model=self.cost_model,
+        )
         # Structured outputs: compiles off the step loop; the scheduler skips a request
         # whose grammar is still compiling (Scheduler._can_admit asks admission_gate).
         self.grammars = GrammarStates(GrammarCompilerService(tokenizer, model.config.vocab_size))
@@ -109,12 +124,17 @@ class LLMEngine:
         owned = loaded is None  # ours: the model may free the unfused tensors as it fuses them
         if loaded is None:
             loaded = load_model(
-                config.model, torch.float32 if device.type == "cpu" else dtype, progress,
-                load_format=config.load_format, device=device,
+                config.model,
+                torch.float32 if device.type == "cpu" else dtype,
+                progress,
+                load_format=config.load_format,
+                device=device,
             )
         config = config.resolve_lengths(loaded.config.max_position_embeddings)
         max_model_len = int(config.max_model_len)
-        model = LlamaModel(loaded.config, loaded.weights, device, dtype, max_model_len, consume=owned)
+        model = LlamaModel(
+            loaded.config, loaded.weights, device, dtype, max_model_len, consume=owned
+        )
         load_seconds = time.perf_counter() - t0
         plan = startup.plan_memory(config, model)
         log.info(plan.describe())
@@ -125,12 +145,36 @@ class LLMEngine:
             )
         tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
         engine = cls(config, model, tokenizer, plan, load_seconds)
+        if engine.scheduler.time_budget_on:
+            engine.seed_cost_model()
         if config.preemption_mode == "auto":
             engine.scheduler.costs = startup.measure_preemption_costs(
-                config, model, engine.runner.kv_caches, engine.swap_pools, plan.num_blocks,
-                engine.swap_space.num_blocks, plan.kv_bytes_per_token,
+                config,
+                model,
+                engine.runner.kv_caches,
+                engine.swap_pools,
+                plan.num_blocks,
+                engine.swap_space.num_blocks,
+                plan.kv_bytes_per_token,
             )
         return engine
+
+    def seed_cost_model(self) -> None:
+        """Time a few steps (step_profile.py) and seed the step cost model with them."""
+        t0 = time.perf_counter()
+        samples = step_profile.profile_step_costs(
+            self.runner, self.config, self.memory_plan.num_blocks
+        )
+        c = self.cost_model.seed(samples)
+        log.info(
+            "step cost model (start-up profile, %.2f s): %.2f ms + %.3f ms/prefill token + %.3f ms/decode "
+            "token + %.3g ms/attended pair",
+            time.perf_counter() - t0,
+            c.fixed * 1e3,
+            c.prefill_token * 1e3,
+            c.decode_token * 1e3,
+            c.attended_pair * 1e3,
+        )
 
     @property
     def model_name(self) -> str:
@@ -212,7 +256,11 @@ class LLMEngine:
         priority: int = 0,
         arrival_time: float | None = None,
     ) -> Request:
-        req = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id, priority, arrival_time)
+        req = (
+            prompt
+            if isinstance(prompt, Request)
+            else self.make_request(prompt, params, request_id, priority, arrival_time)
+        )
         if req.request_id in self.scheduler.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.detokenizers[req.request_id] = Detokenizer(self.tokenizer, req.sampling_params)
@@ -261,9 +309,13 @@ class LLMEngine:
         touched = self.scheduler.update(sched, result.tokens)
         if self.grammars:
             self._advance_grammars(touched)
-        deltas = failed + [self._make_delta(req, tokens, result.logprobs.get(req.request_id, [])) for req, tokens in touched]
+        deltas = failed + [
+            self._make_delta(req, tokens, result.logprobs.get(req.request_id, []))
+            for req, tokens in touched
+        ]
         stats.num_generation_tokens = sum(len(d.new_token_ids) for d in deltas)
         stats.duration_s = time.perf_counter() - t0
+        self._time_step(sched, stats)
         self.last_step = stats
         return deltas
 
@@ -294,7 +346,22 @@ class LLMEngine:
                 deltas.append(Delta(rid, [], "", finished=True, finish_reason="abort"))
         return deltas
 
-    def _make_delta(self, req: Request, new_tokens: list[int], logprobs: list[TokenLogprob]) -> Delta:
+    def _time_step(self, sched: SchedulerOutput, stats: StepStats) -> None:
+        """Feed the step's measured time to the cost model; label the step for metrics."""
+        shape = StepShape.of((s.num_tokens, s.start_position) for s in sched.scheduled)
+        if sched.num_prompt_tokens == 0:
+            stats.kind = "decode"
+        else:  # tokens past the prompts are decodes (and draft tokens)
+            stats.kind = (
+                "mixed" if sched.num_batched_tokens > sched.num_prompt_tokens else "prefill"
+            )
+        budget = self.scheduler.budget_stats
+        stats.target_s, stats.predicted_s = budget.target_s, budget.predicted_s
+        self.cost_model.observe(shape, stats.duration_s)
+
+    def _make_delta(
+        self, req: Request, new_tokens: list[int], logprobs: list[TokenLogprob]
+    ) -> Delta:
         detok = self.detokenizers.get(req.request_id)
         t0 = time.perf_counter()
         if detok is not None:

@@ -84,6 +84,12 @@ class EngineStats:
     prefix_potential_hits: int = 0  # cumulative, tokens a prefix cache would have served
     detokenize_seconds: float = 0.0  # cumulative, in the engine's incremental detokenizer
     step_tokens: int | None = None  # tokens computed in this step; None when no step ran
+    # the step-time budget (step_budget.py; metrics in server/step_metrics.py)
+    step_seconds: float | None = None  # this step's wall time; None when no step ran
+    step_kind: str = ""  # decode, prefill or mixed
+    step_target_seconds: float | None = None  # None: no time limit
+    step_cost: tuple[float, float, float, float] | None = None  # cost model coefficients
+    step_decode_overruns: int = 0  # cumulative
 
 
 @dataclass

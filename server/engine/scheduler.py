@@ -6,7 +6,9 @@ The decision goes out as plain data (`step.SchedulerOutput`): the runner never s
 verifies several at once) and rolls back the KV of rejected draft tokens.
 
 Order: running requests first (decodes and unfinished chunked prefills), then waiting
-ones, within `max_num_batched_tokens` and `max_num_seqs`. When KV blocks run out a
+ones, within `max_num_batched_tokens` and `max_num_seqs`. With the step-time budget on
+(chunked prefill and `--max-step-ms` unset or > 0; step_budget.py has the rules)
+decodes go first and the prefill chunks are sized by the fitted step cost model. When KV blocks run out a
 victim chosen by the policy is preempted (recompute: its blocks are freed and it is
 re-prefilled later; prefix caching usually makes that cheap), so the engine never
 deadlocks under memory pressure.
@@ -14,17 +16,23 @@ deadlocks under memory pressure.
 
 from __future__ import annotations
 
+import heapq
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmservice.server.config import EngineConfig
-from llmservice.server.engine import policy
+from llmservice.server.engine import policy, step_budget
 from llmservice.server.engine.block_manager import BlockManager
+from llmservice.server.engine.cost_model import StepCostModel, StepShape
 from llmservice.server.engine.prefix_sketch import PrefixSketch
 from llmservice.server.engine.request import Request, RequestStatus
 from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
+
+log = logging.getLogger("llmservice.scheduler")
+OVERRUN_LOG_INTERVAL_S = 30.0
 
 
 @dataclass
@@ -33,7 +41,9 @@ class _StepPlan:
 
     budget: int
     scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens this step
-    table_starts: dict[str, int] = field(default_factory=dict)  # block table length before this step
+    table_starts: dict[str, int] = field(
+        default_factory=dict
+    )  # block table length before this step
     preempted: list[Request] = field(default_factory=list)
 
     def add(self, req: Request, num_tokens: int, table_start: int) -> None:
@@ -58,6 +68,8 @@ class SchedulerStats:
 
 
 class Scheduler:
+    admission_gate: Callable[[Request], bool] | None = None  # set by the engine (grammar compiled?)
+
     def __init__(
         self,
         config: EngineConfig,
@@ -65,6 +77,7 @@ class Scheduler:
         swap_space: SwapSpace | None = None,
         costs: PreemptionCosts | None = None,
         clock: Callable[[], float] = time.monotonic,
+        cost_model: StepCostModel | None = None,
     ):
         self.config = config
         self.clock = clock
@@ -80,6 +93,10 @@ class Scheduler:
         self.max_model_len = int(config.max_model_len or 0)
         self._runner_known: set[str] = set()  # requests whose sampling params the runner holds
         self._finished_since_step: list[str] = []
+        self.cost_model = cost_model or StepCostModel()
+        self.budget_stats = step_budget.BudgetStats()
+        self._overrun_logged_at: float | None = None
+        self._overruns_at_log = 0
 
     # ---- queue management ------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -129,7 +146,9 @@ class Scheduler:
         )
         if mode == "swap":
             cpu_blocks = self.swap_space.allocate(n_blocks)
-            out.swap_out.extend(zip(self.bm.block_ids(victim.request_id)[:n_blocks], cpu_blocks, strict=True))
+            out.swap_out.extend(
+                zip(self.bm.block_ids(victim.request_id)[:n_blocks], cpu_blocks, strict=True)
+            )
             victim.swap_blocks = cpu_blocks
             victim.status = RequestStatus.SWAPPED
             self.stats.num_swap_outs += 1
@@ -165,51 +184,65 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         plan = _StepPlan(budget=int(self.config.max_num_batched_tokens))
-        self._schedule_running(plan, out)
-        now = self.clock()
-        if not plan.preempted:
-            # Swapped requests resume before new ones are admitted (their KV is already paid for).
-            self._resume_swapped(plan, out, now)
-            if not self.swapped:
-                self._admit_waiting(plan, now)
+        if self.time_budget_on:
+            self._plan_within_time(plan, out)
+        else:
+            self._schedule_running(plan, out)
+            now = self.clock()
+            if not plan.preempted:
+                # Swapped requests resume before new ones are admitted (their KV is already paid for).
+                self._resume_swapped(plan, out, now)
+                if not self.swapped:
+                    self._admit_waiting(plan, now)
         out.preempted_request_ids = [r.request_id for r in plan.preempted]
         by_id = {r.request_id: r for r in self.running}
         out.scheduled = [
-            self._describe(by_id[rid], n, plan.table_starts[rid], out) for rid, n in plan.scheduled.items()
+            self._describe(by_id[rid], n, plan.table_starts[rid], out)
+            for rid, n in plan.scheduled.items()
         ]
         out.finished_request_ids, self._finished_since_step = self._finished_since_step, []
         return out
 
-    def _schedule_running(self, plan: _StepPlan, out: SchedulerOutput) -> None:
-        """Running requests first, in order; when blocks run out, preempt the policy's
-        victim (possibly the request itself) and retry."""
-        i = 0
-        while i < len(self.running) and plan.budget > 0:
-            req = self.running[i]
+    def _schedule_running(
+        self,
+        plan: _StepPlan,
+        out: SchedulerOutput,
+        order: list[Request] | None = None,
+        allotted: dict[str, int] | None = None,
+    ) -> None:
+        """Running requests (all of them in order, or `order`, each within its `allotted`
+        tokens) first; when blocks run out, preempt the policy's victim (possibly the
+        request itself) and retry."""
+        for req in list(self.running if order is None else order):
+            if plan.budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING or req.request_id in plan.scheduled:
+                continue  # preempted by an earlier request of this step
             num_new = self._num_to_schedule(req, plan.budget)
+            if allotted is not None:
+                num_new = min(num_new, allotted.get(req.request_id, 0))
             if num_new <= 0:
-                i += 1
                 continue
             while True:
                 held = len(self.bm.block_ids(req.request_id))
                 if self.bm.allocate_slots(req, num_new):
                     plan.add(req, num_new, held)
-                    i += 1
                     break
                 victim = policy.pick_victim(self.running, self.config.scheduling_policy)
-                victim_index = self.running.index(victim)
                 self._preempt(victim, out)
                 plan.drop(victim)
                 if victim is req:
                     break
-                if victim_index < i:
-                    i -= 1
 
     def _resume_swapped(self, plan: _StepPlan, out: SchedulerOutput, now: float) -> None:
         cfg = self.config
         while self.swapped and plan.budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = policy.next_to_admit(
-                self.swapped, now, cfg.scheduling_policy, cfg.priority_aging_per_s, cfg.max_queue_delay_ms
+                self.swapped,
+                now,
+                cfg.scheduling_policy,
+                cfg.priority_aging_per_s,
+                cfg.max_queue_delay_ms,
             )
             num_new = min(req.num_tokens - req.num_computed_tokens, plan.budget)
             if not self._swap_in(req, num_new, out):
@@ -223,28 +256,55 @@ class Scheduler:
         cfg = self.config
         while self.waiting and plan.budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = policy.next_to_admit(
-                self.waiting, now, cfg.scheduling_policy, cfg.priority_aging_per_s, cfg.max_queue_delay_ms
+                (r for r in self.waiting if self._can_admit(r)),
+                now,
+                cfg.scheduling_policy,
+                cfg.priority_aging_per_s,
+                cfg.max_queue_delay_ms,
             )
+            if req is None:
+                break
             hits, num_cached = self.bm.get_computed_blocks(req)
             num_new = req.num_tokens - num_cached
             if num_new > plan.budget:
                 if not cfg.enable_chunked_prefill:
                     break
                 num_new = plan.budget
-            if not self.bm.allocate_slots(req, num_new, hits):
+            if not self._admit(req, num_new, hits, num_cached, plan, now):
                 break
-            self.waiting.remove(req)
-            self.running.append(req)
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_cached
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_cached
-                req.first_scheduled_time = now
-                self._count_potential_hits(req)
-            if self.bm.enable_prefix_caching:
-                self.stats.prefix_queries += req.num_tokens
-                self.stats.prefix_hits += num_cached
-            plan.add(req, num_new, 0)
+
+    def _can_admit(self, req: Request) -> bool:
+        """Whether a waiting request may start now; both admission paths ask (a request
+        that cannot start yet waits without holding up the others)."""
+        # structured outputs: the engine's gate is False while the request's grammar compiles
+        return self.admission_gate is None or self.admission_gate(req)
+
+    def _admit(
+        self,
+        req: Request,
+        num_new: int,
+        hits: list[int],
+        num_cached: int,
+        plan: _StepPlan,
+        now: float,
+    ) -> bool:
+        """Move a waiting request to running with `num_new` tokens this step (False, with
+        nothing changed, when its KV blocks do not fit)."""
+        if not self.bm.allocate_slots(req, num_new, hits):
+            return False
+        self.waiting.remove(req)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = num_cached
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_cached
+            req.first_scheduled_time = now
+            self._count_potential_hits(req)
+        if self.bm.enable_prefix_caching:
+            self.stats.prefix_queries += req.num_tokens
+            self.stats.prefix_hits += num_cached
+        plan.add(req, num_new, 0)
+        return True
 
     def _count_potential_hits(self, req: Request) -> None:
         """First admission only: a recomputed request's prompt is not a new prompt."""
@@ -252,7 +312,9 @@ class Scheduler:
         hit_blocks = self.prefix_sketch.observe(self.bm.prompt_block_hashes(req), max_blocks)
         self.stats.prefix_potential_hits += hit_blocks * self.bm.block_size
 
-    def _describe(self, req: Request, num_new: int, table_start: int, out: SchedulerOutput) -> ScheduledRequest:
+    def _describe(
+        self, req: Request, num_new: int, table_start: int, out: SchedulerOutput
+    ) -> ScheduledRequest:
         """The plain-data view of one scheduled request (and its sampling params, once)."""
         rid = req.request_id
         if rid not in self._runner_known:
@@ -273,7 +335,9 @@ class Scheduler:
             spec_token_ids=req.spec_token_ids[: max(0, end - known)],
         )
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> list[tuple[Request, list[int]]]:
+    def update(
+        self, out: SchedulerOutput, sampled: dict[str, list[int]]
+    ) -> list[tuple[Request, list[int]]]:
         """Advance computed tokens, append the sampled tokens, finish what stopped.
 
         `sampled` holds, per request, the tokens its step produced: one per step without
@@ -311,3 +375,105 @@ class Scheduler:
             if status is not None:
                 self.finish(req, status)
         return touched
+
+    # ---- the step-time budget (step_budget.py has the rules) -------------------------
+    @property
+    def time_budget_on(self) -> bool:
+        ms = self.config.max_step_ms
+        return bool(self.config.enable_chunked_prefill) and (ms is None or ms > 0)
+
+    @staticmethod
+    def _is_decoding(req: Request) -> bool:
+        """Its prompt is computed: it computes its last sampled token (and any drafts)."""
+        return req.num_tokens - req.num_computed_tokens == 1
+
+    def _projected_decodes(self) -> StepShape:
+        """A decode-only step of the batch the engine is heading for: the running, swapped
+        and waiting requests up to max_num_seqs, each with its tokens per step (one, plus
+        its draft tokens) at its current length."""
+        shape = StepShape()
+        for req in (self.running + self.swapped + self.waiting)[: self.config.max_num_seqs]:
+            shape.add(1 + len(req.spec_token_ids), max(req.num_tokens - 1, 0))
+        return shape
+
+    def _planned_shape(self, plan: _StepPlan) -> StepShape:
+        return StepShape.of(
+            (n, self.requests[rid].num_computed_tokens) for rid, n in plan.scheduled.items()
+        )
+
+    def _plan_within_time(self, plan: _StepPlan, out: SchedulerOutput) -> None:
+        """Decodes first; then swapped requests coming back; then prefill chunks for the
+        running partial prefills and the waiting prompts (policy order), shared by
+        `step_budget.share_prefill` within the time the cost model says is left."""
+        cfg = self.config
+        now = self.clock()
+        coefs = self.cost_model.coefficients
+        self._schedule_running(plan, out, [r for r in self.running if self._is_decoding(r)])
+        target = step_budget.resolve_target_s(
+            cfg.max_step_ms, coefs, self._projected_decodes(), self.cost_model.ready
+        )
+        decodes = self._planned_shape(plan)
+        if target is not None and decodes.decode_tokens and coefs.predict(decodes) > target:
+            self._count_overrun(target, coefs.predict(decodes), decodes.decode_tokens)
+        if not plan.preempted:
+            self._resume_swapped(plan, out, now)
+        partial = [
+            r
+            for r in self.running
+            if r.request_id not in plan.scheduled and not self._is_decoding(r)
+        ]
+        needs = [(self._num_to_schedule(r, plan.budget), r.num_computed_tokens) for r in partial]
+        waiting: list[Request] = []
+        if not plan.preempted and not self.swapped:
+            room = max(0, cfg.max_num_seqs - len(self.running))
+            key = lambda r: policy.admission_key(  # noqa: E731
+                r, now, cfg.scheduling_policy, cfg.priority_aging_per_s, cfg.max_queue_delay_ms
+            )
+            waiting = heapq.nsmallest(
+                room, (r for r in self.waiting if self._can_admit(r)), key=key
+            )
+            for req in waiting:
+                _, num_cached = self.bm.get_computed_blocks(req)
+                needs.append((req.num_tokens - num_cached, num_cached))
+        seconds = None if target is None else target - coefs.predict(self._planned_shape(plan))
+        allotted = step_budget.share_prefill(
+            needs, seconds, plan.budget, coefs, must_progress=not plan.scheduled
+        )
+        self._schedule_running(
+            plan, out, partial, {r.request_id: g for r, g in zip(partial, allotted, strict=False)}
+        )
+        if not plan.preempted:
+            for req, tokens in zip(waiting, allotted[len(partial) :], strict=True):
+                if tokens <= 0:
+                    continue
+                if len(self.running) >= cfg.max_num_seqs or plan.budget <= 0:
+                    break
+                # looked up again: an admission just before may have evicted cached blocks
+                hits, num_cached = self.bm.get_computed_blocks(req)
+                num_new = min(tokens, req.num_tokens - num_cached, plan.budget)
+                if not self._admit(req, num_new, hits, num_cached, plan, now):
+                    break
+        self.budget_stats.target_s = target
+        self.budget_stats.predicted_s = coefs.predict(self._planned_shape(plan))
+
+    def _count_overrun(self, target_s: float, predicted_s: float, num_decodes: int) -> None:
+        """Decodes alone are over the target: they run, prefill waits. Counted; logged at
+        most every OVERRUN_LOG_INTERVAL_S."""
+        stats = self.budget_stats
+        stats.decode_overruns += 1
+        now = self.clock()
+        if (
+            self._overrun_logged_at is not None
+            and now - self._overrun_logged_at < OVERRUN_LOG_INTERVAL_S
+        ):
+            return
+        log.warning(
+            "step-time budget: %d running decode tokens alone are predicted at %.0f ms, over the %.0f ms "
+            "target; such steps run without prefill (%d since the last message). Raise --max-step-ms or "
+            "lower --max-num-seqs",
+            num_decodes,
+            predicted_s * 1000,
+            target_s * 1000,
+            stats.decode_overruns - self._overruns_at_log,
+        )
+        self._overrun_logged_at, self._overruns_at_log = now, stats.decode_overruns

@@ -1,0 +1,85 @@
+"""The start-up profile that seeds the step cost model (cost_model.py).
+
+A handful of real steps through the engine's own runner, on its own KV pool before any
+request holds a block: a prefill of P tokens and of P/4, a decode batch of N sequences at
+context P and of N/4, and N decodes mixed with a P/2 chunk, each timed once after a
+warm-up (on CUDA per shape: first use compiles kernels; on a CPU the first step only). P and N are small on CPU
+(the whole profile is a fraction of a second: every engine start, tests included, pays
+it) and larger on CUDA, where small shapes only measure launch overhead. The online fit
+takes over from the first served steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from llmservice.server.config import EngineConfig
+from llmservice.server.engine.cost_model import StepShape
+from llmservice.server.engine.runner import ModelRunner
+from llmservice.server.engine.sampling_params import SamplingParams
+from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
+
+_GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
+
+
+def profile_shapes(
+    config: EngineConfig, cuda: bool, num_blocks: int
+) -> list[list[tuple[int, int]]]:
+    """Each step as (tokens, first position) per request, sized to the config and the pool."""
+    cap = int(config.max_num_batched_tokens)
+    max_len = int(config.max_model_len)
+    p = max(4, min(512 if cuda else 64, cap // 2, max_len - 1))
+    n = max(1, min(64 if cuda else 8, config.max_num_seqs, cap - p // 2))
+    bs = config.block_size
+    while n > 1 and n * -(-(p + 1) // bs) + -(-p // bs) > num_blocks:
+        n //= 2
+    decodes = [(1, p)] * n
+    return [[(p, 0)], [(p // 4, 0)], decodes, decodes[: max(1, n // 4)], decodes + [(p // 2, 0)]]
+
+
+def _step(requests: list[tuple[int, int]], block_size: int, first: bool) -> SchedulerOutput:
+    out = SchedulerOutput()
+    next_block = 0
+    for i, (num_tokens, start) in enumerate(requests):
+        rid = f"__profile-{i}"
+        nblocks = -(-(start + num_tokens) // block_size)
+        out.scheduled.append(
+            ScheduledRequest(
+                request_id=rid,
+                token_ids=[(7919 * (start + k + 1)) % 1000 + 10 for k in range(num_tokens)],
+                start_position=start,
+                block_table_start=0,
+                new_block_ids=list(range(next_block, next_block + nblocks)),
+                sample=True,
+            )
+        )
+        next_block += nblocks
+        if first:
+            out.new_requests[rid] = _GREEDY
+    return out
+
+
+def profile_step_costs(
+    runner: ModelRunner, config: EngineConfig, num_blocks: int
+) -> list[tuple[StepShape, float]]:
+    """(shape, seconds) of each profiled step; the runner forgets the scratch requests."""
+    cuda = runner.device.type == "cuda"
+    samples: list[tuple[StepShape, float]] = []
+    known: set[str] = set()
+    for requests in profile_shapes(config, cuda, num_blocks):
+        out = _step(requests, config.block_size, first=True)
+        out.new_requests = {rid: p for rid, p in out.new_requests.items() if rid not in known}
+        known |= set(out.new_requests)
+        if cuda or not samples:  # warm-up: CUDA compiles per shape; a CPU only once
+            runner.execute(out)
+            out.new_requests = {}
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.execute(out)
+        if cuda:
+            torch.cuda.synchronize()
+        samples.append((StepShape.of(requests), time.perf_counter() - t0))
+    runner.execute(SchedulerOutput(finished_request_ids=sorted(known)))
+    return samples

@@ -1,0 +1,82 @@
+"""The step budget respects the target, the decode-first rule, the token cap, and shares
+prefill so short prompts are not stuck behind long ones."""
+
+from __future__ import annotations
+
+import pytest
+from llmservice.server.engine.cost_model import Coefficients, StepShape
+from llmservice.server.engine.step_budget import (
+    DEFAULT_DECODE_MULTIPLE,
+    MIN_PROGRESS_TOKENS,
+    chunk_cost,
+    max_chunk,
+    resolve_target_s,
+    share_prefill,
+)
+
+C = Coefficients(fixed=0.02, prefill_token=5e-4, decode_token=2e-3, attended_pair=1e-7)
+DECODES = StepShape.of([(1, 300)] * 32)
+
+
+def test_target_rules():
+    assert resolve_target_s(150.0, C, DECODES, True) == pytest.approx(0.150)
+    assert resolve_target_s(0.0, C, DECODES, True) is None  # 0: token budget alone
+    assert resolve_target_s(150.0, C, DECODES, False) is None  # no model yet: no time limit
+    derived = resolve_target_s(None, C, DECODES, True)
+    assert derived == pytest.approx(DEFAULT_DECODE_MULTIPLE * C.predict(DECODES))
+    assert resolve_target_s(None, C, StepShape(), True) is None  # nothing decodes: nothing to protect
+
+
+@pytest.mark.parametrize("start", [0, 100, 3000])
+@pytest.mark.parametrize("seconds", [0.0005, 0.01, 0.2])
+def test_max_chunk_is_the_largest_chunk_within_the_time(start, seconds):
+    n = max_chunk(C, seconds, start, 10_000)
+    assert chunk_cost(C, n, start) <= seconds
+    assert n == 10_000 or chunk_cost(C, n + 1, start) > seconds
+
+
+def test_max_chunk_respects_the_limit_and_no_time():
+    assert max_chunk(C, 10.0, 0, 64) == 64
+    assert max_chunk(C, 0.0, 0, 64) == 0
+    assert max_chunk(C, -1.0, 0, 64) == 0
+    assert max_chunk(Coefficients(0.01, 0.0, 0.0, 0.0), 0.001, 0, 64) == 64  # free prefill: the limit
+
+
+def test_share_respects_time_and_token_cap():
+    needs = [(2000, 0), (700, 0), (50, 0), (3000, 500)]
+    for seconds in (0.05, 0.2, 1.0):
+        for cap in (64, 256, 2048):
+            alloc = share_prefill(needs, seconds, cap, C)
+            assert sum(alloc) <= cap
+            assert sum(chunk_cost(C, g, s) for g, (_, s) in zip(alloc, needs, strict=True)) <= seconds + 1e-12
+            assert all(0 <= g <= n for g, (n, _) in zip(alloc, needs, strict=True))
+
+
+def test_a_short_prompt_is_not_stuck_behind_a_long_one():
+    """One long prompt first in line, a short one behind: the short one completes this step."""
+    room = 0.25
+    alloc = share_prefill([(5000, 0), (40, 0)], room, 2048, C)
+    assert alloc[1] == 40
+    assert alloc[0] > 0
+    # even behind two long prompts, half the room is open to it
+    alloc = share_prefill([(5000, 0), (4000, 0), (40, 0)], room, 2048, C)
+    assert alloc[2] == 40
+
+
+def test_a_lone_long_prompt_gets_the_whole_room():
+    room = 0.25
+    alloc = share_prefill([(5000, 0)], room, 2048, C)
+    assert alloc[0] == max_chunk(C, room, 0, 2048)
+    alloc = share_prefill([(5000, 0)], None, 2048, C)
+    assert alloc == [2048]  # no time limit: the token cap
+
+
+def test_short_prompts_keep_policy_order():
+    alloc = share_prefill([(300, 0), (300, 0), (300, 0)], chunk_cost(C, 450, 0), 2048, C)
+    assert alloc[0] == 300 and 0 < alloc[1] < 300 and alloc[2] == 0
+
+
+def test_no_time_left_means_no_prefill_unless_nothing_else_runs():
+    assert share_prefill([(100, 0)], -0.01, 2048, C) == [0]  # decodes alone over the target
+    assert share_prefill([(100, 0)], -0.01, 2048, C, must_progress=True) == [MIN_PROGRESS_TOKENS]
+    assert share_prefill([(5, 0)], 0.0, 2048, C, must_progress=True) == [5]
