@@ -225,6 +225,12 @@ class ServerArgs:
     max_request_body_bytes: int = arg(
         16 * 1024 * 1024, "--max-request-body-bytes", "larger request bodies get 413", type=int,
     )
+    tool_call_parser: str | None = arg(
+        None, "--tool-call-parser",
+        "how tool calls are read from a free answer (tool_choice auto): hermes (<tool_call> tags) "
+        "or json (the answer is a call object); default: json if the answer starts with { or [, else hermes",
+        choices=("hermes", "json"),
+    )
 
     def __post_init__(self) -> None:
         if self.max_tokens_default is not None and self.max_tokens_default < 1:

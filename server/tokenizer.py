@@ -83,13 +83,16 @@ class TextTokenizer:
         """Incremental detokenizer: O(new tokens) per step (vLLM #1099 was O(n^2))."""
         return DecodeStream(skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         if self._template is None:
             raise ValueError("this model has no chat template; use /v1/completions with a plain prompt")
         special = lambda i: self.tokenizer.id_to_token(i) if i is not None else ""  # noqa: E731
         return self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,  # HF convention: [{"type": "function", "function": {...}}] or None
             bos_token=special(self.bos_token_id),
             eos_token=special(self.eos_token_ids[0] if self.eos_token_ids else None),
         )

@@ -7,7 +7,13 @@ import time
 from collections.abc import AsyncIterator
 
 from llmservice.server.api.errors import APIError
-from llmservice.server.api.params import completion_params, with_model_defaults
+from llmservice.server.api.params import (
+    check_structured,
+    completion_params,
+    structured_spec,
+    with_model_defaults,
+    with_structured,
+)
 from llmservice.server.api.protocol import CompletionRequest
 from llmservice.server.api.serving import (
     ClientDisconnected,
@@ -76,8 +82,11 @@ async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: Ser
     state.check_model(req.model)
     params = completion_params(with_model_defaults(req, state.sampling_defaults), state.scheduling_policy,
                                state.max_model_len, state.max_tokens_default)
+    spec = structured_spec(req)
+    params = with_structured(params, spec)
     prompts, are_ids = prompt_batch(req.prompt)
     with state.admitted(len(prompts) * req.n) as reservation:
+        await state.tokenizer.run(check_structured, spec, "structured_outputs" if req.structured_outputs else "response_format")
         if are_ids:
             token_lists = [list(p) for p in prompts]
         else:

@@ -77,6 +77,7 @@ def serve(args: argparse.Namespace) -> int:
         max_tokens_default=server.max_tokens_default,
         sampling_defaults=sampling_defaults(config.model),
         request_timeout_s=server.request_timeout_s,
+        tool_call_parser=server.tool_call_parser,
         api_key=server.api_key,
         max_request_body_bytes=server.max_request_body_bytes,
     )

@@ -8,9 +8,11 @@ policy, n children getting distinct seeds) is testable without a server.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from llmservice.server.api.errors import APIError
 from llmservice.server.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from llmservice.server.engine.grammar_spec import StructuredSpec
 from llmservice.server.engine.sampling_params import SamplingParams
 
 SAMPLING_EPS = 1e-5  # below this temperature sampling is numerically greedy (vLLM's rule)
@@ -133,3 +135,71 @@ def child_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     if n == 1 or params.seed is None:
         return [params] * n
     return [dataclasses.replace(params, seed=params.seed + i) for i in range(n)]
+
+
+def _schema_text(schema, param: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise APIError(400, f"{param} is not valid JSON: {exc}", param) from exc
+    if not isinstance(schema, dict | bool):
+        raise APIError(400, f"{param} must be a JSON Schema object", param)
+    return json.dumps(schema, ensure_ascii=False)
+
+
+def _choice_grammar(choices: list[str]) -> str:
+    """EBNF for exactly one of the strings (json.dumps quotes and escapes as EBNF does)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def structured_spec(req: SamplingFields) -> StructuredSpec | None:
+    """`response_format` (OpenAI) or `structured_outputs` (vLLM) -> the engine's constraint."""
+    fmt, so = req.response_format, req.structured_outputs
+    spec = None
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_object":
+            spec = StructuredSpec("json_object")
+        else:
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise APIError(400, "response_format json_schema needs json_schema.schema", "response_format")
+            spec = StructuredSpec("json_schema", _schema_text(fmt.json_schema.schema_, "response_format"))
+    if so is not None:
+        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(so, k) not in (None, False)]
+        if len(given) != 1:
+            shown = [k.rstrip("_") for k in given] or "none"
+            raise APIError(400, f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object (got {shown})", "structured_outputs")
+        if spec is not None:
+            raise APIError(400, "response_format and structured_outputs cannot both constrain the output", "structured_outputs")
+        kind = given[0]
+        if kind == "json_":
+            spec = StructuredSpec("json_schema", _schema_text(so.json_, "structured_outputs.json"))
+        elif kind == "regex":
+            spec = StructuredSpec("regex", so.regex)
+        elif kind == "choice":
+            spec = StructuredSpec("grammar", _choice_grammar(so.choice))
+        elif kind == "grammar":
+            spec = StructuredSpec("grammar", so.grammar)
+        else:
+            spec = StructuredSpec("json_object")
+    return spec
+
+
+def with_structured(params: SamplingParams, spec: StructuredSpec | None) -> SamplingParams:
+    return params if spec is None else dataclasses.replace(params, structured=spec)
+
+
+_WHAT = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar", "json_object": "JSON"}
+
+
+def check_structured(spec: StructuredSpec | None, param: str) -> None:
+    """400 naming the field when the constraint cannot compile (run in the tokenizer pool:
+    converting a large schema takes milliseconds)."""
+    if spec is None:
+        return
+    from llmservice.server.engine.grammar_check import InvalidSpecError, check_spec
+
+    try:
+        check_spec(spec)
+    except InvalidSpecError as exc:
+        raise APIError(400, f"{param}: invalid or unsupported {_WHAT[spec.kind]}: {exc}", param) from exc

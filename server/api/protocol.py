@@ -43,6 +43,30 @@ class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(RequestModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema", description="a JSON Schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputs(RequestModel):
+    """vLLM's `structured_outputs` extra: exactly one constraint."""
+
+    json_: dict[str, Any] | bool | str | None = Field(None, alias="json", description="a JSON Schema")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = Field(None, description="EBNF (GBNF) grammar; the start rule is `root`")
+    json_object: bool | None = None
+
+
 class SamplingFields(RequestModel):
     """Fields shared by completions and chat completions."""
 
@@ -72,6 +96,8 @@ class SamplingFields(RequestModel):
         None, description="token id -> bias in [-100, 100]; accepted only empty (not implemented)"
     )
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extra: json, regex, choice or grammar")
 
 
 class CompletionRequest(SamplingFields):
@@ -160,8 +186,34 @@ ChatMessage = Annotated[
 ]
 
 
+class FunctionDefinition(RequestModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema (default: any object)")
+    strict: bool | None = None
+
+
+class ChatTool(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto when tools are given, else none"
+    )
+    parallel_tool_calls: bool = True
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="default: the rest of the context")
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
@@ -231,7 +283,8 @@ class ChatLogprobs(APIModel):
 
 class ChatResponseMessage(APIModel):
     role: str = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(APIModel):

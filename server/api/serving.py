@@ -44,6 +44,7 @@ class ServerState:
     max_tokens_default: int | None = None  # --max-tokens-default
     sampling_defaults: dict[str, float] = field(default_factory=dict)  # generation_config.json
     request_timeout_s: float | None = None  # --request-timeout-s
+    tool_call_parser: str | None = None  # --tool-call-parser (None: JSON or Hermes, by the answer's start)
     api_key: str | None = None  # --api-key (checked by guards.APIKeyMiddleware)
     max_request_body_bytes: int = 16 * 1024 * 1024
     draining: bool = False

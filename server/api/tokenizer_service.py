@@ -38,6 +38,12 @@ def message_dicts(messages) -> list[dict]:
         name = getattr(m, "name", None)  # a tool message has none
         if name is not None:
             d["name"] = name
+        if getattr(m, "tool_call_id", None) is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if getattr(m, "tool_calls", None):
+            from llmservice.server.api.tools import template_message_calls
+
+            d["tool_calls"] = template_message_calls([c.model_dump() for c in m.tool_calls])
         out.append(d)
     return out
 
@@ -86,9 +92,9 @@ class TokenizerService:
         except (ValueError, TypeError) as exc:  # e.g. lone surrogates cannot be encoded as UTF-8
             raise APIError(400, f"the prompt cannot be tokenized: {exc}", "prompt") from exc
 
-    def _chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    def _chat(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         except (ValueError, TypeError, jinja2.TemplateError) as exc:
             raise APIError(400, f"the messages cannot be rendered with the model's chat template: {exc}", "messages") from exc
         # The template already wrote the special tokens it wants (vLLM's default for chat).
@@ -108,8 +114,14 @@ class TokenizerService:
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._run_timed(self._encode, text, add_special_tokens)
 
-    async def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return await self._run_timed(self._chat, messages, add_generation_prompt)
+    async def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
+        return await self._run_timed(self._chat, messages, add_generation_prompt, tools)
+
+    async def run(self, fn, *args):
+        """Other blocking work of a request (checking a grammar) in the same pool."""
+        return await self._run(fn, *args)
 
     async def decode(self, ids: list[int]) -> str:
         return await self._run(self._decode, ids)

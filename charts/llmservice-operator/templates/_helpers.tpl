@@ -78,11 +78,10 @@ llmservices/scale and reads pods (it scrapes their /metrics over plain HTTP, no 
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
-# Multi-node vLLM replicas (engine.kind vllm, docs/vllm.md): applied, watched for status,
-# deleted when the object is back within one node (a Deployment again).
+# Multi-node vLLM replicas (engine.kind vllm, docs/vllm.md): applied, watched for status.
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, create, patch]

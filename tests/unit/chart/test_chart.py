@@ -38,11 +38,8 @@ OPERATOR_RULES = {
     ("llmservice.dev", "llmservices/scale"): {"get", "patch"},
     # delete: a vllm object that grows past one node swaps its Deployment for an LWS
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
-    # multi-node vllm replicas (docs/vllm.md): applied, watched for status, deleted when
-    # the object is back within one node
-    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {
-        "get", "list", "watch", "create", "patch", "delete",
-    },
+    # multi-node vllm replicas (docs/vllm.md): applied, watched for status
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch"},
     ("", "services"): {"get", "create", "patch"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
     # spec.networkPolicy: applied when enabled, deleted when disabled

@@ -330,9 +330,6 @@ def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: P
         wait_until(lambda: k.get(lws), timeout=60)
         k.scale("vllm-llama-3-405b", 2)
         wait_until(lambda: k.get(lws)["spec"]["replicas"] == 2, timeout=60)
-        # Back within one node (16-GPU nodes): a Deployment again, and the LWS goes.
-        k.patch_llms("vllm-llama-3-405b", {"spec": {"resources": {"gpu": {"perNode": 16}}}})
-        wait_until(lambda: k.get(lws) is None and k.deployment("vllm-llama-3-405b"), timeout=60)
         k.scale("smollm2", 2)  # a change the operator must follow (patches its Deployment)
         wait_until(lambda: k.deployment("smollm2")["spec"]["replicas"] == 2, timeout=60)
         wait_until(lambda: k.pdb("smollm2"), timeout=60)
