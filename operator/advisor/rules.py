@@ -439,6 +439,66 @@ def waiting_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
     )
 
 
+# ---- rule 7: inter-token latency spikes made of long steps (seed 004) ------------------------
+ITL = "vllm:inter_token_latency_seconds"
+STEP_DURATION = "llmservice:step_duration_seconds"
+STEP_TARGET = "llmservice:step_budget_target_seconds"
+DECODE_OVERRUNS = "llmservice:step_budget_decode_overruns_total"
+ITL_P99_OVER_MEDIAN = 4.0
+MIN_ITL_GAPS = 100
+STEP_SHARE_OF_SPIKE = 0.5  # the long steps must be at least this share of the ITL p99
+MAX_STEP_PER_MEDIAN = 2.0  # the recommended target, in ITL medians
+
+
+def itl_step_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
+    """ITL p99 > 4x its median, and the steps are that long: cap the step time."""
+    itl, steps = snap.histogram(ITL), snap.histogram(STEP_DURATION)
+    if itl is None or itl.count < MIN_ITL_GAPS or steps is None or not steps.count:
+        return None
+    p50, p99 = itl.quantile(0.5) or 0.0, itl.quantile(0.99) or 0.0
+    step_p50, step_p99 = steps.quantile(0.5) or 0.0, steps.quantile(0.99) or 0.0
+    if p50 <= 0 or p99 <= ITL_P99_OVER_MEDIAN * p50 or step_p99 <= STEP_SHARE_OF_SPIKE * p99:
+        return None
+    target_ms = max(10, math.ceil(MAX_STEP_PER_MEDIAN * p50 * 100) * 10)
+    current = snap.after.value(STEP_TARGET)
+    if current and current * 1000 <= target_ms:
+        return None  # the budget is already that tight: the spikes come from elsewhere
+    evidence: dict[str, Any] = {
+        "itlP50Seconds": _r(p50, 4),
+        "itlP99Seconds": _r(p99, 4),
+        "itlP99OverMedian": _r(p99 / p50, 2),
+        "gaps": int(itl.count),
+        "stepP50Seconds": _r(step_p50, 4),
+        "stepP99Seconds": _r(step_p99, 4),
+        "steps": int(steps.count),
+        "threshold": ITL_P99_OVER_MEDIAN,
+    }
+    if current is not None:
+        evidence["stepTargetSeconds"] = _r(current, 4)
+    overruns = snap.increase(DECODE_OVERRUNS)
+    if overruns is not None:
+        evidence["decodeOverruns"] = int(overruns)
+    return Finding(
+        rule="itl-long-steps",
+        severity=WARNING,
+        summary=(
+            f"inter-token latency p99 {p99 * 1000:.0f} ms is {p99 / p50:.1f}x its median "
+            f"({p50 * 1000:.0f} ms) and steps reach {step_p99 * 1000:.0f} ms: prefill competes "
+            f"with decode; set engine.maxStepMs {target_ms}"
+        ),
+        evidence=evidence,
+        recommendation={"engine": {"maxStepMs": target_ms}},
+        expected_effect={
+            "itlP99Seconds": _r(target_ms / 1000, 3),
+            "arithmetic": (
+                f"a decoding request waits one step per token: steps capped at {MAX_STEP_PER_MEDIAN:g} x "
+                f"the median gap ({p50 * 1000:.0f} ms) = {target_ms} ms bound the p99 gap near "
+                f"{target_ms} ms (from {p99 * 1000:.0f} ms); prefill moves into more, shorter steps"
+            ),
+        },
+    )
+
+
 RULES: tuple[Callable[[Snapshot, EngineSettings], Finding | None], ...] = (
     block_size_rule,
     preemption_rule,
@@ -447,6 +507,7 @@ RULES: tuple[Callable[[Snapshot, EngineSettings], Finding | None], ...] = (
     event_loop_rule,
     gpu_memory_rule,
     waiting_rule,
+    itl_step_rule,
 )
 
 
