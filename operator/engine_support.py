@@ -35,8 +35,8 @@ FIXES = {
         "or an HF model directory on a PersistentVolumeClaim"
     ),
     "tensor_parallel_size": (
-        "set spec.engine.tensorParallelSize to {supported} (and resources.gpu.count to 1, "
-        "or 0 for CPU) with a model that fits one GPU"
+        "set spec.engine.tensorParallelSize to {supported} (one GPU per rank, or "
+        "resources.gpu.count 0 for CPU ranks)"
     ),
 }
 

@@ -20,6 +20,7 @@ from llmservice.server.cli_args import BY_NAME, to_argv
 PORT = BY_NAME["port"].default  # the server's default; rendered explicitly all the same
 CONTAINER = "server"
 MODELS_MOUNT = "/models"
+TP_MASTER_PORT = 29500  # tensor-parallel ranks rendezvous inside the pod (torch.distributed)
 CACHE_MOUNT = "/models-cache"
 FIELD_MANAGER = "llmservice-operator"
 # Server image for objects without spec.engine.image (operator flag --server-image).
@@ -213,6 +214,10 @@ def _env(spec: LLMServiceSpec) -> list[dict[str, Any]]:
                     "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
                 }
             )
+    if spec.engine.kind != "vllm" and spec.engine.tensor_parallel_size > 1:
+        # the bundled engine's ranks rendezvous on the pod's loopback (torch.distributed)
+        env.append({"name": "MASTER_ADDR", "value": "127.0.0.1"})
+        env.append({"name": "MASTER_PORT", "value": str(TP_MASTER_PORT)})
     if spec.engine.api_key_secret is not None:
         ref = spec.engine.api_key_secret
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

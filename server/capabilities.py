@@ -3,8 +3,8 @@
 `llmservice serve` refuses at start what `unsupported` names, and the operator refuses to
 roll it out (Ready=False, reason UnsupportedByEngine), so the two cannot disagree and the
 operator never creates a pod that exits at start for a reason it could have known.
-Downloads from the Hugging Face Hub and tensor parallelism are switched on here when they
-land. Pure: no I/O, no torch (the operator image imports it).
+Downloads from the Hugging Face Hub and tensor parallelism are switched on here. Pure: no
+I/O, no torch (the operator image imports it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from llmservice.server.model.sources import BadHubRefError, parse_hub_ref
 
 HF_PREFIX = "hf://"
 DOWNLOADS_FROM_HUB = True  # hf://org/name: server/model/hub.py fetches it before start
-TENSOR_PARALLEL_SIZES = (1,)  # one device per engine
+# the bundled engine shards a model over N ranks in one pod (server/engine/tp_*.py); whether
+# a model splits N ways (heads, KV heads, intermediate size) is checked when it loads
+MAX_TENSOR_PARALLEL_SIZE = 8
+TENSOR_PARALLEL_SIZES = tuple(range(1, MAX_TENSOR_PARALLEL_SIZE + 1))
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,10 @@ def model_unsupported(model: str) -> Unsupported | None:
 def tensor_parallel_unsupported(size: int) -> Unsupported | None:
     if size in TENSOR_PARALLEL_SIZES:
         return None
-    sizes = ", ".join(map(str, TENSOR_PARALLEL_SIZES))
+    sizes = f"1 to {MAX_TENSOR_PARALLEL_SIZE}"
     return Unsupported(
         "tensor_parallel_size", size,
-        "this engine runs a model on one device (no tensor parallelism yet)", sizes,
+        f"this engine shards a model over at most {MAX_TENSOR_PARALLEL_SIZE} ranks in one pod", sizes,
     )
 
 

@@ -20,6 +20,7 @@ from llmservice.operator.spec import (
     LLMServiceSpec,
 )
 from llmservice.operator.vram import TENSOR_PARALLEL_SIZES
+from llmservice.server.capabilities import MAX_TENSOR_PARALLEL_SIZE
 from llmservice.server.cli_args import BY_NAME, SERVE_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,10 +92,12 @@ def test_crd_side_defaults_say_why_and_differ():
         assert o.arg.crd_default.why.strip() and o.arg.crd_default.value != o.default
 
 
-def test_tensor_parallel_sizes_are_the_vram_checks():
-    """The server takes any integer; the CRD admits the sizes the VRAM check plans for
-    (capabilities.py decides which of them this server build runs)."""
-    assert field_schema(SCHEMA, "engine.tensorParallelSize")["enum"] == list(TENSOR_PARALLEL_SIZES)
+def test_tensor_parallel_sizes_are_the_servers():
+    """The CRD admits the sizes the bundled server shards over (capabilities.py), and the
+    VRAM check's suggestions are among them."""
+    schema = field_schema(SCHEMA, "engine.tensorParallelSize")
+    assert (schema["minimum"], schema["maximum"]) == (1, MAX_TENSOR_PARALLEL_SIZE)
+    assert set(TENSOR_PARALLEL_SIZES) <= set(range(1, MAX_TENSOR_PARALLEL_SIZE + 1))
 
 
 def test_every_crd_engine_field_is_a_server_option_or_the_operators():

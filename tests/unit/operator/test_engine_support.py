@@ -60,9 +60,11 @@ def spec_of(**spec: Any) -> LLMServiceSpec:
 
 
 HF = {"model": {"source": "hf://meta-llama/Meta-Llama-3-8B-Instruct"}}
-TP4 = {
+# what the server refuses at start: more ranks than it shards over (extraArgs win over the
+# rendered flags, as argparse keeps the last value)
+TP16 = {
     "model": {"source": "pvc://weights/llama-70b", "catalogName": "llama-3-70b"},
-    "engine": {"tensorParallelSize": 4},
+    "engine": {"tensorParallelSize": 4, "extraArgs": ["--tensor-parallel-size", "16"]},
 }
 CPU = {"resources": {"gpu": {"count": 0}}, "engine": {"kvCacheMemoryGiB": 0.5}}
 
@@ -70,7 +72,7 @@ CPU = {"resources": {"gpu": {"count": 0}}, "engine": {"kvCacheMemoryGiB": 0.5}}
 @pytest.mark.parametrize(
     ("spec", "starts"),
     [
-        (TP4, "spec.engine.tensorParallelSize 4: this engine runs a model on one device"),
+        (TP16, "spec.engine.tensorParallelSize 16: this engine shards a model over at most 8 ranks"),
         ({"model": {"source": "builtin:gpt-5"}}, "spec.model.source builtin:gpt-5: no builtin model"),
     ],
 )
@@ -78,7 +80,7 @@ def test_what_the_server_refuses_names_the_field_and_the_fix(spec, starts):
     support = check_engine(OWNER, spec_of(**spec), 0.95)
     assert support.refuses_rollout
     assert support.message.startswith(starts)
-    assert "builtin:smollm2-135m" in support.message or "tensorParallelSize to 1" in support.message
+    assert "builtin:smollm2-135m" in support.message or "tensorParallelSize to 1 to 8" in support.message
 
 
 def test_supported_sources_pass():
@@ -105,18 +107,18 @@ def test_extra_args_the_server_would_reject_name_the_field_behind_the_flag():
 
 def test_unsupported_spec_is_not_rolled_out_and_says_why():
     kube, events = FakeKube(), []
-    outcome = rc.reconcile(body(**TP4), kube, rc.Options(), lambda *e: events.append(e))
+    outcome = rc.reconcile(body(**TP16), kube, rc.Options(), lambda *e: events.append(e))
     assert not outcome.applied and kube.applied == []
     ((kind, reason, message),) = events
     assert (kind, reason) == ("Warning", "UnsupportedByEngine")
-    assert message.startswith("Not rolling out: spec.engine.tensorParallelSize 4")
-    update = rc.status_for(body(**TP4), rc.Options(), None, [])
+    assert message.startswith("Not rolling out: spec.engine.tensorParallelSize 16")
+    update = rc.status_for(body(**TP16), rc.Options(), None, [])
     conditions = {c["type"]: c for c in update.status["conditions"]}
     assert conditions["Ready"]["status"] == "False"
     assert conditions["Ready"]["reason"] == "UnsupportedByEngine"
-    assert "tensorParallelSize to 1" in conditions["Ready"]["message"]
+    assert "tensorParallelSize to 1 to 8" in conditions["Ready"]["message"]
     assert conditions["Progressing"]["reason"] == "RolloutBlocked"
-    assert not rc.needs_repair(body(**TP4), rc.Options(), None)  # no "repair" either
+    assert not rc.needs_repair(body(**TP16), rc.Options(), None)  # no "repair" either
 
 
 def test_a_deployment_of_an_earlier_spec_keeps_serving():
@@ -125,11 +127,11 @@ def test_a_deployment_of_an_earlier_spec_keeps_serving():
     assert kube.applied  # the supported spec rolled out
     before = dict(kube.objects)
     events: list[tuple[str, str, str]] = []
-    outcome = rc.reconcile(body(**TP4), kube, rc.Options(), lambda *e: events.append(e))
+    outcome = rc.reconcile(body(**TP16), kube, rc.Options(), lambda *e: events.append(e))
     assert not outcome.applied and kube.objects == before
     assert outcome.deployment is not None
     assert ("Warning", "UnsupportedByEngine") in {(k, r) for k, r, _ in events}
-    update = rc.status_for(body(**TP4), rc.Options(), outcome.deployment, [])
+    update = rc.status_for(body(**TP16), rc.Options(), outcome.deployment, [])
     progressing = {c["type"]: c for c in update.status["conditions"]}["Progressing"]
     assert progressing["reason"] == "RolloutBlocked"
     assert "still serving the previous one" in progressing["message"]

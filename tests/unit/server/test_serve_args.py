@@ -107,7 +107,7 @@ def test_a_mistake_raises_instead_of_exiting():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--tensor-parallel-size", "4"], "--tensor-parallel-size 4: this engine runs a model on one device"),
+        (["--tensor-parallel-size", "16"], "--tensor-parallel-size 16: this engine shards a model over at most 8"),
         (["hf://meta-llama"], "model hf://meta-llama: not a Hub model reference; use hf://ORG/NAME"),
         (["builtin:nope"], "model builtin:nope: no builtin model of that name; use builtin:smollm2-135m"),
         (["s3://bucket/model"], "model s3://bucket/model: unknown model source scheme s3://"),
