@@ -20,6 +20,7 @@ PREEMPTION_MODES = ("recompute", "swap", "auto")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: random weights of the model's shape (benchmarks)
+CPU_WEIGHTS = ("quantized", "fp32")  # GGUF blocks kept packed on CPU, or dequantized (reference)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 CPU_KV_CACHE_GIB = 1.0  # the KV budget on CPU when --kv-cache-memory-gib is unset
 
@@ -54,6 +55,12 @@ class EngineConfig:
         "auto", "--load-format",
         "dummy: random weights of the model's shape, for benchmarks (needs only config + tokenizer)",
         choices=LOAD_FORMATS,
+    )
+    cpu_weights: str = arg(
+        "quantized", "--cpu-weights",
+        "quantized: a GGUF's Q4_0/Q4_1/Q8_0 matrices stay packed on CPU (fp32 math, docs/cpu.md); "
+        "fp32: dequantize them at load (the reference path)",
+        choices=CPU_WEIGHTS,
     )
     block_size: int = arg(16, "--block-size", "tokens per KV cache block",
                           type=int, choices=BLOCK_SIZES, crd="engine.blockSize")
@@ -131,6 +138,8 @@ class EngineConfig:
             )
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} is not one of {list(DTYPES)}")
+        if self.cpu_weights not in CPU_WEIGHTS:
+            raise ConfigError(f"--cpu-weights {self.cpu_weights!r} is not one of {list(CPU_WEIGHTS)}")
         if self.load_format not in LOAD_FORMATS:
             raise ConfigError(f"--load-format {self.load_format!r} is not one of {list(LOAD_FORMATS)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

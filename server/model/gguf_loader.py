@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.dequant import dequantize
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+from llmservice.server.model.quant_weights import PackedWeights, pack_tensor
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 SUPPORTED_QUANTS = {
@@ -137,10 +138,17 @@ def read_gguf_info(path: Path) -> tuple[ModelConfig, TokenizerSource]:
     return read_config(reader, path), read_tokenizer(reader)
 
 
-def load_gguf(path: Path, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+def load_gguf(
+    path: Path,
+    dtype: torch.dtype,
+    progress: Callable[[int, int], None] | None = None,
+    pack: bool = False,
+) -> LoadedModel:
+    """`pack=True`: Q4_0/Q4_1/Q8_0 matrices stay in their blocks (quant_weights.PackedWeights,
+    for the CPU kernels); otherwise every tensor is dequantized to `dtype`."""
     reader = GGUFReader(path)
     config = read_config(reader, path)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor] | PackedWeights = PackedWeights() if pack else {}
     total = len(reader.tensors)
     for i, t in enumerate(reader.tensors):
         name = hf_name(t.name)
@@ -148,6 +156,18 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: Callable[[int, int], Non
             continue  # e.g. rope_freqs: recomputed from metadata
         qtype = GGMLQuantizationType(t.tensor_type)
         shape = tuple(int(d) for d in reversed(t.shape))  # GGML lists the fastest dim first
+        if pack and dtype == torch.float32:
+            heads = None
+            if config.architecture in ("llama", "mistral") and "attn_q.weight" in t.name:
+                heads = config.num_heads
+            elif config.architecture in ("llama", "mistral") and "attn_k.weight" in t.name:
+                heads = config.num_kv_heads
+            packed = pack_tensor(t.data, qtype, shape, heads)
+            if packed is not None:
+                weights.packed[name] = packed  # type: ignore[union-attr]
+                if progress:
+                    progress(i + 1, total)
+                continue
         tensor = dequantize_tensor(t.data, qtype, shape, t.name, path)
         if config.architecture in ("llama", "mistral"):
             if t.name.endswith("attn_q.weight") or t.name.endswith("attn_q.bias"):

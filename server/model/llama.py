@@ -28,7 +28,8 @@ from llmservice.server.model.parallel import (
     kv_head_shard,
     scaled,
 )
-from llmservice.server.model.parallel_weights import Shard, TensorSource, WeightSource
+from llmservice.server.model.parallel_weights import Shard, WeightSource
+from llmservice.server.model.quant_weights import source_for
 
 
 @dataclass
@@ -123,7 +124,7 @@ class LlamaModel:
         src = (
             weights
             if isinstance(weights, WeightSource)
-            else TensorSource(weights, device, dtype, consume)
+            else source_for(weights, device, dtype, consume)
         )
         shape = self.shape = RankShape.of(config, world)
         d = config.head_dim

@@ -137,20 +137,26 @@ class VocabParallelEmbedding:
         self.world = world
         self.vocab_size = vocab_size
         self.shard = vocab_shard(vocab_size, world)
-        self.weight = source.get(name, 0, self.shard if world.size > 1 else None)
+        # a dense tensor, or a table kept packed on CPU (quant_weights.PackedTable: lookup/nbytes)
+        self.weight = source.embedding(name, 0, self.shard if world.size > 1 else None)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return F.embedding(ids, w) if isinstance(w, torch.Tensor) else w.lookup(ids)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if self.world.size == 1:
-            return F.embedding(ids, self.weight)
+            return self._lookup(ids)
         inside = (ids >= self.shard.start) & (ids < self.shard.end)
         local = torch.where(inside, ids - self.shard.start, 0)
-        out = F.embedding(local, self.weight)
+        out = self._lookup(local)
         out.mul_(inside.unsqueeze(-1).to(out.dtype))
         return self.world.all_reduce(out)
 
     @property
     def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
+        w = self.weight
+        return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
 
 
 class ParallelLMHead:
@@ -174,7 +180,9 @@ class ParallelLMHead:
     @classmethod
     def tied(cls, embedding: VocabParallelEmbedding) -> ParallelLMHead:
         """Shares the embedding's rows (tie_word_embeddings): no second copy."""
-        return cls(DenseWeight(embedding.weight), embedding.vocab_size, embedding.world)
+        w = embedding.weight
+        linear = DenseWeight(w) if isinstance(w, torch.Tensor) else w.as_linear()
+        return cls(linear, embedding.vocab_size, embedding.world)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         logits = self.weight.matmul(x)

@@ -89,6 +89,11 @@ class WeightSource:
         """The tensor (or its slice) on the model's device in the model's dtype."""
         return self._read(name, dim, shard).to(device=self.device, dtype=self.dtype)
 
+    def embedding(self, name: str, dim: int = 0, shard: Shard | None = None):
+        """The embedding table: a tensor here; a source of packed weights may return an
+        object with lookup(ids) / nbytes / as_linear() (server/model/quant_weights.py)."""
+        return self.get(name, dim, shard)
+
     def linear(self, parts: Sequence[Part], bias: Sequence[Part] = ()) -> LinearWeight:
         """Parts concatenated along the output dimension (fused QKV, gate_up)."""
         weight = _cat([self.get(p.name, p.dim, p.shard) for p in parts])

@@ -1,0 +1,246 @@
+/* GGUF block-quantized weight x fp32 activation matmul for CPU (Q4_0, Q4_1, Q8_0).
+ *
+ * Weights stay in GGUF's own block layout (a row of K inputs = K/32 blocks, rows one after
+ * the other); each block is turned into its 32 fp32 weights in registers, with exactly the
+ * reference dequantizer's values (dequant.py: d*(q-8), d*q+m, d*q are exact or rounded
+ * once either way), and multiplied with fp32 activations into fp32 accumulators. Only the
+ * summation order differs from dequantize-then-F.linear.
+ *
+ * Built at first use by cpu_native.py (gcc -O3 -march=native -fopenmp); loaded with
+ * ctypes. OpenMP: the same libgomp.so.1 torch loaded, so one thread pool. The caller passes
+ * the thread count (torch.get_num_threads()).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define QK_AVX2 1
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
+
+static inline float f16_to_f32(uint16_t h) {
+#ifdef QK_AVX2
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+int qk_block_bytes(int kind) {
+    switch (kind) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q8_0: return 34;
+    default: return 0;
+    }
+}
+
+int qk_has_avx2(void) {
+#ifdef QK_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Scalar: the 32 weights of one block (the reference's exact values). */
+static inline void unpack_scalar(int kind, const uint8_t *b, float *w) {
+    float d = f16_to_f32(rd16(b));
+    if (kind == Q8_0) {
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int j = 0; j < 32; j++) w[j] = d * (float)q[j];
+    } else if (kind == Q4_1) {
+        float m = f16_to_f32(rd16(b + 2));
+        const uint8_t *q = b + 4;
+        for (int j = 0; j < 16; j++) {
+            w[j] = __builtin_fmaf(d, (float)(q[j] & 0x0F), m);
+            w[j + 16] = __builtin_fmaf(d, (float)(q[j] >> 4), m);
+        }
+    } else { /* Q4_0 */
+        const uint8_t *q = b + 2;
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (float)((int)(q[j] & 0x0F) - 8);
+            w[j + 16] = d * (float)((int)(q[j] >> 4) - 8);
+        }
+    }
+}
+
+#ifdef QK_AVX2
+/* The 32 weights of one block as four 8-lane vectors (elements 0-7, 8-15, 16-23, 24-31). */
+static inline __attribute__((always_inline)) void unpack_avx2(int kind, const uint8_t *b, __m256 w[4]) {
+    __m256 d = _mm256_set1_ps(_cvtsh_ss(rd16(b)));
+    if (kind == Q8_0) {
+        __m128i lo = _mm_loadu_si128((const __m128i *)(b + 2));
+        __m128i hi = _mm_loadu_si128((const __m128i *)(b + 18));
+        w[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+        w[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+        w[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+        w[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+        return;
+    }
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    __m128i q = _mm_loadu_si128((const __m128i *)(b + (kind == Q4_1 ? 4 : 2)));
+    __m128i lo = _mm_and_si128(q, mask);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    if (kind == Q4_1) {
+        __m256 m = _mm256_set1_ps(_cvtsh_ss(rd16(b + 2)));
+        w[0] = _mm256_fmadd_ps(d, q0, m);
+        w[1] = _mm256_fmadd_ps(d, q1, m);
+        w[2] = _mm256_fmadd_ps(d, q2, m);
+        w[3] = _mm256_fmadd_ps(d, q3, m);
+    } else {
+        __m256 eight = _mm256_set1_ps(8.0f);
+        w[0] = _mm256_mul_ps(d, _mm256_sub_ps(q0, eight));
+        w[1] = _mm256_mul_ps(d, _mm256_sub_ps(q1, eight));
+        w[2] = _mm256_mul_ps(d, _mm256_sub_ps(q2, eight));
+        w[3] = _mm256_mul_ps(d, _mm256_sub_ps(q3, eight));
+    }
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One weight row (nb blocks) against MB activation rows (MB 1..4, a constant after
+ * inlining): y[m] = sum_k w[k] x[m][k]. Two accumulators per row (four for MB 1) so the
+ * FMA latency chain does not bound the loop. */
+static inline __attribute__((always_inline)) void row_dot(
+    int kind, const uint8_t *row, int64_t nb, int bb, const float *x, int64_t ldx, int MB, float *out) {
+    __m256 a[4][2], c[2];
+    for (int m = 0; m < 4; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();
+    c[0] = c[1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 w[4];
+        unpack_avx2(kind, row + b * bb, w);
+        const float *xb = x + b * 32;
+        if (MB == 1) {
+            a[0][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), a[0][0]);
+            a[0][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), a[0][1]);
+            c[0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), c[0]);
+            c[1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), c[1]);
+        } else {
+            for (int m = 0; m < MB; m++) {
+                const float *xm = xb + m * ldx;
+                a[m][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xm), a[m][0]);
+                a[m][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xm + 8), a[m][1]);
+                a[m][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xm + 16), a[m][0]);
+                a[m][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xm + 24), a[m][1]);
+            }
+        }
+    }
+    if (MB == 1) {
+        out[0] = hsum(_mm256_add_ps(_mm256_add_ps(a[0][0], a[0][1]), _mm256_add_ps(c[0], c[1])));
+    } else {
+        for (int m = 0; m < MB; m++) out[m] = hsum(_mm256_add_ps(a[m][0], a[m][1]));
+    }
+}
+#endif
+
+static void row_dot_scalar(int kind, const uint8_t *row, int64_t nb, int bb, const float *x, int64_t ldx, int MB,
+                           float *out) {
+    for (int m = 0; m < MB; m++) out[m] = 0.0f;
+    float w[32];
+    for (int64_t b = 0; b < nb; b++) {
+        unpack_scalar(kind, row + b * bb, w);
+        for (int m = 0; m < MB; m++) {
+            const float *xm = x + m * ldx + b * 32;
+            float s = 0.0f;
+            for (int j = 0; j < 32; j++) s += w[j] * xm[j];
+            out[m] += s;
+        }
+    }
+}
+
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[N, K]^T (+ bias[N] if given).
+ * Parallel over output rows; activations in chunks of 4 rows per weight-row pass.
+ * `kind` is a constant in each of qk_matmul's calls, so every format gets its own loop. */
+static inline __attribute__((always_inline)) void matmul_impl(
+    int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
+    int64_t ldy, const float *bias, int nthreads) {
+    const int bb = qk_block_bytes(kind);
+    const int64_t nb = K / 32, row_bytes = nb * bb;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        const float add = bias ? bias[n] : 0.0f;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            int mb = (int)(M - m0 < 4 ? M - m0 : 4);
+            float out[4];
+            const float *xm = x + m0 * ldx;
+#ifdef QK_AVX2
+            switch (mb) { /* constant MB per call: the compiler specialises row_dot */
+            case 1: row_dot(kind, row, nb, bb, xm, ldx, 1, out); break;
+            case 2: row_dot(kind, row, nb, bb, xm, ldx, 2, out); break;
+            case 3: row_dot(kind, row, nb, bb, xm, ldx, 3, out); break;
+            default: row_dot(kind, row, nb, bb, xm, ldx, 4, out); break;
+            }
+#else
+            row_dot_scalar(kind, row, nb, bb, xm, ldx, mb, out);
+#endif
+            for (int m = 0; m < mb; m++) y[(m0 + m) * ldy + n] = out[m] + add;
+        }
+    }
+}
+
+void qk_matmul(int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
+               int64_t ldy, const float *bias, int nthreads) {
+    switch (kind) {
+    case Q4_0: matmul_impl(Q4_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads); break;
+    case Q4_1: matmul_impl(Q4_1, w, N, K, x, M, ldx, y, ldy, bias, nthreads); break;
+    case Q8_0: matmul_impl(Q8_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads); break;
+    default: break;
+    }
+}
+
+/* out[N, K] = the fp32 weights of rows [0, N) (for a dequantize-then-GEMM path). */
+void qk_dequant(int kind, const uint8_t *w, int64_t N, int64_t K, float *out, int nthreads) {
+    const int bb = qk_block_bytes(kind);
+    const int64_t nb = K / 32;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t i = 0; i < N * nb; i++) {
+#ifdef QK_AVX2
+        __m256 v[4];
+        unpack_avx2(kind, w + i * bb, v);
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + i * 32 + 8 * j, v[j]);
+#else
+        unpack_scalar(kind, w + i * bb, out + i * 32);
+#endif
+    }
+}
+
+/* out[n, K] = the fp32 weights of rows ids[0..n) (embedding lookup of packed rows). */
+void qk_rows(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, float *out) {
+    const int bb = qk_block_bytes(kind);
+    const int64_t nb = K / 32, row_bytes = nb * bb;
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *row = w + ids[r] * row_bytes;
+        for (int64_t b = 0; b < nb; b++) unpack_scalar(kind, row + b * bb, out + r * K + b * 32);
+    }
+}
