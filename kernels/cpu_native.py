@@ -95,47 +95,52 @@ def build(source: Path = SOURCE) -> Path:
     return out
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.qk_matmul.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
-    lib.qk_matmul.restype = None
-    lib.qk_dequant.argtypes = [i32, p, i64, i64, p, i32]
-    lib.qk_dequant.restype = None
-    lib.qk_rows.argtypes = [i32, p, i64, p, i64, p]
-    lib.qk_rows.restype = None
-    lib.qk_block_bytes.argtypes = [i32]
-    lib.qk_block_bytes.restype = i32
-    lib.qk_has_avx2.argtypes = []
-    lib.qk_has_avx2.restype = i32
+def _declare(lib: ctypes.CDLL, name: str) -> None:
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    if name == "cpu_quant":
+        lib.qk_matmul.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
+        lib.qk_matmul.restype = None
+        lib.qk_dequant.argtypes = [i32, p, i64, i64, p, i32]
+        lib.qk_dequant.restype = None
+        lib.qk_rows.argtypes = [i32, p, i64, p, i64, p]
+        lib.qk_rows.restype = None
+        lib.qk_block_bytes.argtypes = [i32]
+        lib.qk_block_bytes.restype = i32
+        lib.qk_has_avx2.argtypes = []
+        lib.qk_has_avx2.restype = i32
+    elif name == "cpu_attention":
+        lib.qa_decode.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, p, i32]
+        lib.qa_decode.restype = i32
 
 
-def library() -> ctypes.CDLL:
-    """The loaded kernels; raises NativeUnavailable (with the reason) if they cannot be built."""
+def library(name: str = "cpu_quant") -> ctypes.CDLL:
+    """The loaded kernels of kernels/<name>.c; raises NativeUnavailable (with the reason)
+    if they cannot be built."""
     with _lock:
-        if "lib" in _state:
-            return _state["lib"]  # type: ignore[return-value]
-        if "error" in _state:
-            raise NativeUnavailable(str(_state["error"]))
+        if name in _state:
+            return _state[name]  # type: ignore[return-value]
+        if f"error:{name}" in _state:
+            raise NativeUnavailable(str(_state[f"error:{name}"]))
         try:
-            lib = ctypes.CDLL(str(build()))
-            _declare(lib)
+            lib = ctypes.CDLL(str(build(SOURCE.with_name(f"{name}.c"))))
+            _declare(lib, name)
         except (NativeUnavailable, OSError) as e:
-            _state["error"] = str(e)
+            _state[f"error:{name}"] = str(e)
             raise NativeUnavailable(str(e)) from e
-        if not lib.qk_has_avx2():
+        if name == "cpu_quant" and not lib.qk_has_avx2():
             log.warning("CPU kernels built without AVX2/FMA/F16C: the scalar loops are slow")
-        _state["lib"] = lib
+        _state[name] = lib
         return lib
 
 
-def error() -> str | None:
+def error(name: str = "cpu_quant") -> str | None:
     """Why the kernels are unavailable (None if they loaded or were not tried)."""
-    return _state.get("error")  # type: ignore[return-value]
+    return _state.get(f"error:{name}")  # type: ignore[return-value]
 
 
-def available() -> bool:
+def available(name: str = "cpu_quant") -> bool:
     try:
-        library()
+        library(name)
     except NativeUnavailable:
         return False
     return True

@@ -1,6 +1,7 @@
 """Fast torch implementations of the hot-path ops, used on CPU (and as the fallback).
 
-Decode attention is one batched SDPA over K/V gathered through the block tables;
+Decode attention: on fp32 CPU pools the C kernel of cpu_attention.py reads K/V in place
+through the block tables; otherwise batched matmuls over K/V gathered through them;
 prefill chunks are one SDPA each (there are few per step). The causal rule for a
 chunk: new token i of a sequence with context length L and q new tokens sits at
 position L - q + i and sees positions 0..L - q + i.
@@ -8,6 +9,7 @@ position L - q + i and sees positions 0..L - q + i.
 
 import torch
 import torch.nn.functional as F
+from llmservice.kernels import cpu_attention
 from llmservice.kernels.metadata import AttentionMetadata
 
 
@@ -24,9 +26,7 @@ def reshape_and_cache(
     v_cache.view(num_blocks * block_size, hkv, d).index_copy_(0, slot_mapping, value)
 
 
-def gather_kv(
-    cache: torch.Tensor, block_table: torch.Tensor, length: int
-) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """Contiguous [length, Hkv, D] view of one sequence's K or V."""
     block_size = cache.shape[1]
     nblocks = (length + block_size - 1) // block_size
@@ -37,7 +37,13 @@ def gather_kv(
 def _sdpa(q, k, v, scale, mask=None, is_causal=False):
     # q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D]; enable_gqa avoids materializing repeated K/V heads
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
     )
 
 
@@ -104,7 +110,9 @@ def _decode_group(
     for h in range(hkv):
         heads = slice(h * group, (h + 1) * group)
         dims = slice(h * d, (h + 1) * d)
-        scores = torch.bmm(q[:, heads, :], k[:, :, dims].transpose(1, 2)).float() * scale  # [B, G, W]
+        scores = (
+            torch.bmm(q[:, heads, :], k[:, :, dims].transpose(1, 2)).float() * scale
+        )  # [B, G, W]
         scores.masked_fill_(pad, float("-inf"))
         probs = scores.softmax(-1).to(v.dtype)
         out[:, heads, :] = torch.bmm(probs, v[:, :, dims])
@@ -143,7 +151,11 @@ def paged_attention(
     """Attention for a mixed batch q [T, Hq, D] laid out as described by `meta`."""
     out = torch.empty_like(q)
     nd = meta.num_decodes
-    if nd:
+    if nd and cpu_attention.supports(q, k_cache):  # reads the pool in place: no gather
+        out[:nd] = cpu_attention.paged_decode_attention(
+            q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
+        )
+    elif nd:
         out[:nd] = paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens_host[:nd], scale
         )
@@ -151,7 +163,12 @@ def paged_attention(
     for i in range(nd, meta.num_seqs):
         qlen = meta.query_lens[i]
         out[start : start + qlen] = paged_prefill_attention(
-            q[start : start + qlen], k_cache, v_cache, meta.block_tables[i], meta.seq_lens_host[i], scale
+            q[start : start + qlen],
+            k_cache,
+            v_cache,
+            meta.block_tables[i],
+            meta.seq_lens_host[i],
+            scale,
         )
         start += qlen
     return out

@@ -1,0 +1,51 @@
+"""Paged decode attention on CPU without gathering the context (kernels/cpu_attention.c).
+
+The torch path copies every decoding sequence's K/V blocks into a contiguous tensor each
+step (13 % of a batch-100 decode step on the embedded model); this kernel reads the rows
+in place through the block table, any block size, any GQA ratio. fp32 pools only (the
+CPU engine's dtype); `supports` says when it applies, else callers use the torch path.
+"""
+
+from __future__ import annotations
+
+import torch
+from llmservice.kernels import cpu_native
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k_cache.dtype == torch.float32
+        and k_cache.is_contiguous()
+        and cpu_native.available("cpu_attention")
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, Hq, D] (one token per sequence) -> out [B, Hq, D]; seq_lens [B] are the
+    context lengths including this token (already written to the pools)."""
+    bsz, hq, d = q.shape
+    _, block_size, hkv, dk = k_cache.shape
+    if dk != d or hq % hkv or v_cache.shape != k_cache.shape or not v_cache.is_contiguous():
+        raise ValueError(f"q {tuple(q.shape)} does not fit pools {tuple(k_cache.shape)}")
+    q = q.contiguous()
+    tables = block_tables[:bsz]
+    if tables.dtype != torch.int32 or tables.stride(-1) != 1:
+        tables = tables.to(torch.int32).contiguous()
+    lens = seq_lens[:bsz].to(torch.int32).contiguous()
+    out = torch.empty_like(q)
+    rc = cpu_native.library("cpu_attention").qa_decode(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
+        lens.data_ptr(), bsz, hq, hkv, d, block_size, scale, out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("decode attention: no memory for the scores buffer")
+    return out
