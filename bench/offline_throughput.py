@@ -81,7 +81,16 @@ def run_engine(loaded, workload, max_num_seqs: int, device: str = "cpu", kv_gib:
             ctx = statistics.fmean(r.num_tokens for r in engine.scheduler.running) if engine.scheduler.running else 0
             decode_steps.append((st.num_batched_tokens, st.duration_s, ctx))
     elapsed = time.perf_counter() - t0
-    return {"elapsed_s": elapsed, "output_tokens": generated, "output_tok_per_s": generated / elapsed, "decode_steps": decode_steps}
+    return {"elapsed_s": elapsed, "output_tokens": generated, "output_tok_per_s": generated / elapsed,
+            "weight_bytes": engine.model.weight_bytes(), "decode_steps": decode_steps}
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (Linux VmRSS), in MB."""
+    for line in open("/proc/self/status").read().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def hf_model(loaded, device: str, dtype: torch.dtype, from_weights: bool):
@@ -137,9 +146,13 @@ def main() -> None:
     ap.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--compare-fp32", action="store_true",
+                    help="also run the engine on dequantized fp32 weights (--cpu-weights fp32), same run")
     common.add_model_args(ap)
     args = ap.parse_args()
+    rss0 = rss_mb()
     loaded = common.setup(args.threads, args)
+    rss_quantized = rss_mb() - rss0
     device, dtype = common.device_and_dtype()
     gpu = device.type == "cuda"
     cfg = loaded.config
@@ -172,8 +185,25 @@ def main() -> None:
     ours["decode_fraction_of_raw_matmul"] = ours["decode_model_flops_per_s_median"] / raw if step_rates else 0.0
     print(f"engine: {ours['output_tok_per_s']:.1f} output tok/s; decode at batch~{mean_batch:.0f}: "
           f"{ours['decode_model_flops_per_s_median'] / 1e9:.1f} GFLOP/s = {ours['decode_fraction_of_raw_matmul']:.0%} of raw matmul")
+    ours["load_rss_increase_mb"] = rss_quantized
     result["engine"] = ours
     result["raw_matmul_flops_per_s"] = {"m64": rate64, "m128": rate128}
+    if args.compare_fp32:
+        from llmservice.server.model.loader import load_model
+
+        rss1 = rss_mb()
+        dense = load_model(args.model, dtype, load_format=args.load_format, device=device, cpu_weights="fp32")
+        fp32 = run_engine(dense, workload, args.max_num_seqs, device.type, args.kv_cache_memory_gib)
+        fp32.pop("decode_steps")
+        fp32["load_rss_increase_mb"] = rss_mb() - rss1
+        del dense
+        result["engine_fp32_weights"] = fp32
+        result["quantized_vs_fp32"] = {
+            "throughput_ratio": ours["output_tok_per_s"] / fp32["output_tok_per_s"],
+            "weight_bytes_ratio": ours["weight_bytes"] / fp32["weight_bytes"],
+        }
+        print(f"engine on fp32 weights: {fp32['output_tok_per_s']:.1f} output tok/s; weights "
+              f"{ours['weight_bytes'] / 1e6:.0f} MB quantized vs {fp32['weight_bytes'] / 1e6:.0f} MB fp32")
     common.write("offline_throughput", result)  # now, and again with HF: a cut-short run keeps ours
 
     if not args.skip_hf:
