@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import queue
 import sys
 from typing import Any
@@ -127,6 +128,17 @@ def _progress_bar():
     return progress
 
 
+def _die_loudly(outbox: Any, message: str) -> None:
+    """A rank is gone: the API server hears why (its readiness fails, then it exits 1)."""
+    log.error("%s: the engine stops", message)
+    try:
+        outbox.put(EngineFailed(message))
+        outbox.close()
+        outbox.join_thread()
+    finally:
+        os._exit(1)
+
+
 def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: int, show_progress: bool) -> None:
     """Process entry point (spawned)."""
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
@@ -151,6 +163,9 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
             scheduling_policy=config.scheduling_policy,
         )
     )
+    watch = getattr(engine.runner, "watch", None)
+    if watch is not None:  # tensor-parallel ranks: one that dies or hangs ends this process
+        watch(lambda message: _die_loudly(outbox, message))
     core = EngineCore(engine)
     parent = mp.parent_process()
     while True:

@@ -9,6 +9,7 @@ exits or stops stamping its heartbeat is named in a `TPWorkerError` within secon
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing as mp
 import os
@@ -110,6 +111,7 @@ class TPExecutor:
             self.procs.append(proc)
         self.ipc = IPCStats()
         self._closed = False
+        atexit.register(self.close)  # before multiprocessing's own exit hook ends the ranks
         self.failure: str | None = None
         try:
             self.ready = [self._receive(rank, self.conns[rank].recv) for rank in range(size)]
@@ -224,13 +226,15 @@ class TPExecutor:
             self.kill()
 
 
-def build_tp_engine(engine_cls: type, config: EngineConfig):
+def build_tp_engine(engine_cls: type, config: EngineConfig, executor: TPExecutor | None = None):
     """`LLMEngine.from_config` for N ranks: the ranks load and plan; this process keeps
-    the scheduler, the tokenizer and the engine loop."""
+    the scheduler, the tokenizer and the engine loop. Engines with other scheduling
+    settings may share one `executor` (tests: the ranks start once)."""
     from llmservice.server.config import ConfigError
     from llmservice.server.tokenizer import TextTokenizer
 
-    executor = TPExecutor(config)
+    shared = executor is not None
+    executor = executor or TPExecutor(config)
     try:
         config = config.resolve_lengths(executor.config.max_position_embeddings)
         max_model_len = int(config.max_model_len)
@@ -245,7 +249,8 @@ def build_tp_engine(engine_cls: type, config: EngineConfig):
             config, executor, tokenizer, plan, executor.load_seconds, runner=executor
         )
     except BaseException:
-        executor.close()
+        if not shared:
+            executor.close()
         raise
     if executor.costs is not None:
         engine.scheduler.costs = executor.costs
