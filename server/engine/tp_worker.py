@@ -106,8 +106,8 @@ def build_rank(
         plan.budget_source += f", lowered to the smallest rank's {agreed} blocks"
         plan.num_blocks = agreed
     log.info(
-        "tensor-parallel rank %d/%d: %d of %d query heads, %d of %d KV heads, %s",
-        world.rank, world.size, model.num_heads, model_config.num_heads, model.num_kv_heads,
+        "tensor-parallel rank %d/%d (pid %d): %d of %d query heads, %d of %d KV heads, %s",
+        world.rank, world.size, os.getpid(), model.num_heads, model_config.num_heads, model.num_kv_heads,
         model_config.num_kv_heads, plan.describe(),
     )  # fmt: skip
     runner = ModelRunner(model, plan.num_blocks, config.block_size, config.seed)

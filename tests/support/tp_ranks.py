@@ -28,7 +28,7 @@ def _rank_main(rank: int, size: int, init_method: str, conn: Any) -> None:
             out = exc
         if rank == 0:
             conn.send(out)
-    dist.destroy_process_group()
+    # no destroy_process_group: it waits on peers that may already be gone; exiting is enough
 
 
 class RankPool:
@@ -58,6 +58,6 @@ class RankPool:
         for conn in self.conns:
             conn.send(None)
         for proc in self.procs:
-            proc.join(10)
+            proc.join(3)
             if proc.is_alive():
                 proc.kill()

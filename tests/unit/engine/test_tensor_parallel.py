@@ -186,3 +186,46 @@ def test_smollm2_tp3_greedy_tokens_equal_tp1(make_engine):
         assert stats.prefix_hits > 0 and stats.num_preemptions > 0
     finally:
         eng.runner.close()
+
+
+def test_a_killed_rank_is_named_within_seconds(tp3):
+    """Must stay the last test using `tp3`: rank 2 is SIGKILLed; the next step and the
+    watchdog both name it, well inside the 10 s a server has to exit."""
+    import os
+    import signal
+    import time
+
+    from llmservice.server.engine.step import SchedulerOutput
+    from llmservice.server.engine.tp_executor import TPWorkerError
+
+    heard: list[str] = []
+    tp3.watch(heard.append)
+    os.kill(tp3.procs[2].pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(
+        TPWorkerError, match=r"tensor-parallel rank 2 \(pid \d+\) was killed by SIGKILL"
+    ):
+        while time.monotonic() - t0 < 10:
+            tp3.execute(SchedulerOutput())
+            time.sleep(0.05)
+    deadline = time.monotonic() + 5
+    while not heard and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert heard and "rank 2" in heard[0]
+    assert time.monotonic() - t0 < 10
+
+
+def test_which_rank_failed_is_decided_from_exit_codes_and_heartbeats():
+    from llmservice.server.engine.tp_executor import HANG_S, find_failure
+
+    now = 100.0
+    pids = [10, 11, 12]
+    assert find_failure([None] * 3, pids, [now - 0.1] * 3, now) is None
+    assert find_failure([None] * 3, pids, [0.0] * 3, now) is None  # still starting
+    # the killed rank first, the others that fell out of the collective after it
+    msg = find_failure([1, None, -9], pids, [now] * 3, now)
+    assert msg.startswith(
+        "tensor-parallel rank 2 (pid 12) was killed by SIGKILL; tensor-parallel rank 0"
+    )
+    hung = find_failure([None] * 3, pids, [now, now - HANG_S - 1, now], now)
+    assert hung.startswith("tensor-parallel rank 1 (pid 11) is hung: no heartbeat for")
