@@ -26,16 +26,18 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 def profile_shapes(
     config: EngineConfig, cuda: bool, num_blocks: int
 ) -> list[list[tuple[int, int]]]:
-    """Each step as (tokens, first position) per request, sized to the config and the pool."""
+    """Each step as (tokens, first position) per request, sized to the config and the pool
+    (a shape whose blocks the pool cannot hold is left out)."""
     cap = int(config.max_num_batched_tokens)
     max_len = int(config.max_model_len)
+    bs = config.block_size
     p = max(4, min(512 if cuda else 64, cap // 2, max_len - 1))
     n = max(1, min(64 if cuda else 8, config.max_num_seqs, cap - p // 2))
-    bs = config.block_size
     while n > 1 and n * -(-(p + 1) // bs) + -(-p // bs) > num_blocks:
         n //= 2
     decodes = [(1, p)] * n
-    return [[(p, 0)], [(p // 4, 0)], decodes, decodes[: max(1, n // 4)], decodes + [(p // 2, 0)]]
+    shapes = [[(p, 0)], [(p // 4, 0)], decodes, decodes[: max(1, n // 4)], decodes + [(p // 2, 0)]]
+    return [s for s in shapes if sum(-(-(start + k) // bs) for k, start in s) <= num_blocks]
 
 
 def _step(requests: list[tuple[int, int]], block_size: int, first: bool) -> SchedulerOutput:
@@ -81,5 +83,6 @@ def profile_step_costs(
         if cuda:
             torch.cuda.synchronize()
         samples.append((StepShape.of(requests), time.perf_counter() - t0))
-    runner.execute(SchedulerOutput(finished_request_ids=sorted(known)))
+    if known:
+        runner.execute(SchedulerOutput(finished_request_ids=sorted(known)))
     return samples

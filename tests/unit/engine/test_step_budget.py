@@ -24,7 +24,8 @@ def test_target_rules():
     assert resolve_target_s(150.0, C, DECODES, False) is None  # no model yet: no time limit
     derived = resolve_target_s(None, C, DECODES, True)
     assert derived == pytest.approx(DEFAULT_DECODE_MULTIPLE * C.predict(DECODES))
-    assert resolve_target_s(None, C, StepShape(), True) is None  # nothing decodes: nothing to protect
+    # nothing decodes: nothing to protect
+    assert resolve_target_s(None, C, StepShape(), True) is None
 
 
 @pytest.mark.parametrize("start", [0, 100, 3000])
@@ -39,7 +40,8 @@ def test_max_chunk_respects_the_limit_and_no_time():
     assert max_chunk(C, 10.0, 0, 64) == 64
     assert max_chunk(C, 0.0, 0, 64) == 0
     assert max_chunk(C, -1.0, 0, 64) == 0
-    assert max_chunk(Coefficients(0.01, 0.0, 0.0, 0.0), 0.001, 0, 64) == 64  # free prefill: the limit
+    free_prefill = Coefficients(0.01, 0.0, 0.0, 0.0)
+    assert max_chunk(free_prefill, 0.001, 0, 64) == 64  # the limit
 
 
 def test_share_respects_time_and_token_cap():
@@ -48,7 +50,10 @@ def test_share_respects_time_and_token_cap():
         for cap in (64, 256, 2048):
             alloc = share_prefill(needs, seconds, cap, C)
             assert sum(alloc) <= cap
-            assert sum(chunk_cost(C, g, s) for g, (_, s) in zip(alloc, needs, strict=True)) <= seconds + 1e-12
+            assert (
+                sum(chunk_cost(C, g, s) for g, (_, s) in zip(alloc, needs, strict=True))
+                <= seconds + 1e-12
+            )
             assert all(0 <= g <= n for g, (n, _) in zip(alloc, needs, strict=True))
 
 
@@ -80,3 +85,21 @@ def test_no_time_left_means_no_prefill_unless_nothing_else_runs():
     assert share_prefill([(100, 0)], -0.01, 2048, C) == [0]  # decodes alone over the target
     assert share_prefill([(100, 0)], -0.01, 2048, C, must_progress=True) == [MIN_PROGRESS_TOKENS]
     assert share_prefill([(5, 0)], 0.0, 2048, C, must_progress=True) == [5]
+
+
+@pytest.mark.parametrize(
+    ("max_model_len", "blocks", "cap"),
+    [(64, 4, 2048), (1024, 1456, 2048), (256, 16, 7), (4096, 256, 8192)],
+)
+def test_profile_shapes_fit_the_pool_and_the_cap(max_model_len, blocks, cap):
+    from llmservice.server.config import EngineConfig
+    from llmservice.server.engine.step_profile import profile_shapes
+
+    config = EngineConfig(max_model_len=max_model_len, max_num_batched_tokens=cap)
+    for cuda in (False, True):
+        shapes = profile_shapes(config, cuda, blocks)
+        assert len(shapes) >= 3  # enough to seed four coefficients with the prior's help
+        for shape in shapes:
+            assert sum(-(-(start + n) // 16) for n, start in shape) <= blocks
+            assert sum(n for n, _ in shape) <= cap
+            assert all(start + n <= max_model_len for n, start in shape)
