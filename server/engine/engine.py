@@ -129,10 +129,10 @@ class LLMEngine:
                 progress,
                 load_format=config.load_format,
                 device=device,
+                cpu_weights=config.cpu_weights,
             )
         config = config.resolve_lengths(loaded.config.max_position_embeddings)
         max_model_len = int(config.max_model_len)
-                cpu_weights=config.cpu_weights,
         model = LlamaModel(
             loaded.config, loaded.weights, device, dtype, max_model_len, consume=owned
         )
