@@ -12,6 +12,7 @@ import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import ConfigError, EngineConfig
 from llmservice.server.engine import memory, startup, step_profile
+from llmservice.server.engine import spec_decode
 from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.engine.cost_model import StepCostModel, StepShape
 from llmservice.server.engine.grammar import GrammarCompilerService, GrammarStates
@@ -102,6 +103,8 @@ class LLMEngine:
         self.detokenizers: dict[str, Detokenizer] = {}
         self.last_step = StepStats()
         self._ids = itertools.count()
+        # --speculative-config: drafts proposed after each step (spec_decode.py)
+        self.speculator = spec_decode.make_speculator(config, self.max_model_len, getattr(self, "cost_model", None))
 
     @classmethod
     def from_config(
@@ -314,6 +317,8 @@ class LLMEngine:
             self._make_delta(req, tokens, result.logprobs.get(req.request_id, []))
             for req, tokens in touched
         ]
+        if self.speculator is not None:
+            self.speculator.after_step(sched, result.tokens, self.scheduler.running, self.block_manager)
         stats.num_generation_tokens = sum(len(d.new_token_ids) for d in deltas)
         stats.duration_s = time.perf_counter() - t0
         self._time_step(sched, stats)

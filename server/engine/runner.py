@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 from llmservice.kernels.metadata import AttentionMetadata
+from llmservice.server.engine import spec_verify
 from llmservice.server.engine.request import TokenLogprob
 from llmservice.server.engine.sampler import Sampler, SampleRow
 from llmservice.server.engine.sampling_params import SamplingParams
@@ -61,8 +62,6 @@ class ModelRunner:
         for rid, params in out.new_requests.items():
             self.requests[rid] = RunnerRequest(params)
         for s in out.scheduled:
-            if s.spec_token_ids:
-                raise NotImplementedError("speculative tokens need a verifier, and this runner has none yet")
             self.requests[s.request_id].block_ids[s.block_table_start :] = s.new_block_ids
 
     def prepare(self, scheduled: list[ScheduledRequest]):
@@ -81,13 +80,14 @@ class ModelRunner:
             state = self.requests[s.request_id]
             blocks = state.block_ids
             input_ids.extend(s.token_ids)
+            input_ids.extend(s.spec_token_ids)  # drafts: verified at k+1 rows (spec_verify.py)
             positions.extend(range(start, end))
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             query_lens.append(s.num_tokens)
             seq_lens.append(end)
             tables.append(blocks)
             if s.sample:
-                logits_rows.append(len(input_ids) - 1)
+                logits_rows.extend(range(len(input_ids) - 1 - len(s.spec_token_ids), len(input_ids)))
                 sample_rows.append((s.request_id, SampleRow(state.sampling_params, s.output_index, s.grammar_bitmask)))
         width = max(len(t) for t in tables)
         table_tensor = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
@@ -117,6 +117,10 @@ class ModelRunner:
             return result
         ids, pos, meta, rows, sample_rows = self.prepare(out.scheduled)
         logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
+        drafts = {s.request_id: s.spec_token_ids for s in out.scheduled if s.spec_token_ids}
+        if drafts and sample_rows and logits is not None:
+            result.tokens, result.logprobs = spec_verify.sample_with_drafts(self.sampler, logits, sample_rows, drafts)
+            return result
         if sample_rows and logits is not None:  # None: a tensor-parallel rank other than 0
             sampled = self.sampler(logits, [row for _, row in sample_rows])
             for (rid, _), (token, lp) in zip(sample_rows, sampled, strict=True):

@@ -228,6 +228,10 @@ class Scheduler:
                 if self.bm.allocate_slots(req, num_new):
                     plan.add(req, num_new, held)
                     break
+                if req.spec_token_ids:  # speculation shrinks before anything is preempted (spec)
+                    num_new = min(num_new, req.num_tokens - req.num_computed_tokens)
+                    req.spec_token_ids = []
+                    continue
                 victim = policy.pick_victim(self.running, self.config.scheduling_policy)
                 self._preempt(victim, out)
                 plan.drop(victim)

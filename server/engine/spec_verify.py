@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from llmservice.server.engine.request import TokenLogprob
-from llmservice.server.engine.sampler import SampleRow, _filter_top_k_top_p
+from llmservice.server.engine.sampler import Sampler, SampleRow, _filter_top_k_top_p
 from llmservice.server.engine.sampling_params import SamplingParams
 
 
@@ -110,3 +110,39 @@ def verify(
         tokens = rejection_sample(draft, p, q, position_generators(row, shared, len(draft) + 1))
     lps = [] if params.logprobs is None else logprobs_of(logits, tokens, params.logprobs)
     return tokens, lps
+
+
+def sample_with_drafts(
+    sampler: Sampler,
+    logits: torch.Tensor,
+    sample_rows: list[tuple[str, SampleRow]],
+    drafts: dict[str, list[int]],
+) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
+    """A step's sampling when some requests carry drafts: logits hold 1 + len(drafts)
+    rows per sampling request, in sample_rows' order. Requests without drafts go through
+    the sampler as one batch (the same draws as a step without speculation)."""
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[TokenLogprob]] = {}
+    plain_rows: list[int] = []
+    plain: list[tuple[str, SampleRow]] = []
+    at = 0
+    for rid, row in sample_rows:
+        draft = drafts.get(rid, [])
+        if draft:
+            new, lps = verify(logits[at : at + len(draft) + 1], draft, row, sampler.generator)
+            tokens[rid] = new
+            if lps:
+                logprobs[rid] = lps
+        else:
+            plain_rows.append(at)
+            plain.append((rid, row))
+        at += len(draft) + 1
+    if plain:
+        picked = logits[torch.tensor(plain_rows, device=logits.device)]
+        for (rid, _), (token, lp) in zip(
+            plain, sampler(picked, [row for _, row in plain]), strict=True
+        ):
+            tokens[rid] = [token]
+            if lp is not None:
+                logprobs[rid] = [lp]
+    return tokens, logprobs
