@@ -279,18 +279,21 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
 
 
 def _cpu_fit(shape: Shape, kv_gib: float) -> FitResult:
-    """No GPU: the server sizes its KV cache from --kv-cache-memory-gib; report that plan."""
-    arch = shape.architecture
+    """No GPU: the server sizes its KV cache from --kv-cache-memory-gib; report that plan.
+    With CPU tensor parallelism the budget is per rank, for the rank's share of the KV
+    heads and 1/TP of the weights ("per GPU" then reads "per rank")."""
+    arch, tp = shape.architecture, shape.tensor_parallel_size
     kv_per_token = 2 * arch.num_layers * arch.num_key_value_heads * arch.head_dim
     kv_per_token *= shape.dtype_bytes
-    blocks = int(kv_gib * GIB // (kv_per_token * shape.block_size))
+    kv_per_rank = 2 * arch.num_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim * shape.dtype_bytes
+    blocks = int(kv_gib * GIB // (kv_per_rank * shape.block_size))
     plan = MemoryPlan(
         budget_gib_per_gpu=0.0,
-        weights_gib_per_gpu=arch.parameters * shape.dtype_bytes / GIB,
+        weights_gib_per_gpu=arch.parameters * shape.dtype_bytes / tp / GIB,
         activation_reserve_gib_per_gpu=0.0,
         kv_cache_gib_per_gpu=kv_gib,
         kv_bytes_per_token=kv_per_token,
-        kv_bytes_per_token_per_gpu=kv_per_token,
+        kv_bytes_per_token_per_gpu=kv_per_rank,
         block_size=shape.block_size,
         estimated_kv_blocks=blocks,
         estimated_max_concurrent_sequences=blocks * shape.block_size // shape.max_model_len,

@@ -27,6 +27,7 @@ from llmservice.server.model.parallel import (
     even_shard,
     kv_head_shard,
     scaled,
+    vocab_shard,
 )
 from llmservice.server.model.parallel_weights import Shard, WeightSource
 from llmservice.server.model.quant_weights import source_for
@@ -242,3 +243,17 @@ def score_tokens(model: LlamaModel, token_ids: list[int], block_size: int = 16) 
     )
     positions = torch.arange(n, device=dev)
     return model.forward(torch.tensor(token_ids, device=dev), positions, meta, caches, positions)
+
+
+def rank_weight_bytes(config: ModelConfig, world: World, dtype_bytes: int) -> int:
+    """Bytes of the weights rank `world.rank` holds, from the shape alone (what
+    `LlamaModel.weight_bytes()` reports once built): the operator's per-GPU plan is
+    checked against it without loading a model."""
+    shape = RankShape.of(config, world)
+    h, d = config.hidden_size, config.head_dim
+    qkv_rows = (shape.q_heads.length + 2 * shape.kv_heads.length) * d
+    per_layer = qkv_rows * h + shape.q_heads.length * d * h + 3 * shape.intermediate.length * h
+    per_layer += qkv_rows * config.attention_bias + 2 * h + 2 * d * config.qk_norm
+    vocab_rows = vocab_shard(config.vocab_size, world).length if world.size > 1 else config.vocab_size
+    heads = 1 if config.tie_word_embeddings else 2
+    return dtype_bytes * (config.num_layers * per_layer + heads * vocab_rows * h + h)
