@@ -285,7 +285,8 @@ def _cpu_fit(shape: Shape, kv_gib: float) -> FitResult:
     arch, tp = shape.architecture, shape.tensor_parallel_size
     kv_per_token = 2 * arch.num_layers * arch.num_key_value_heads * arch.head_dim
     kv_per_token *= shape.dtype_bytes
-    kv_per_rank = 2 * arch.num_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim * shape.dtype_bytes
+    kv_per_rank = 2 * arch.num_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim
+    kv_per_rank *= shape.dtype_bytes
     blocks = int(kv_gib * GIB // (kv_per_rank * shape.block_size))
     plan = MemoryPlan(
         budget_gib_per_gpu=0.0,

@@ -254,6 +254,8 @@ def rank_weight_bytes(config: ModelConfig, world: World, dtype_bytes: int) -> in
     qkv_rows = (shape.q_heads.length + 2 * shape.kv_heads.length) * d
     per_layer = qkv_rows * h + shape.q_heads.length * d * h + 3 * shape.intermediate.length * h
     per_layer += qkv_rows * config.attention_bias + 2 * h + 2 * d * config.qk_norm
-    vocab_rows = vocab_shard(config.vocab_size, world).length if world.size > 1 else config.vocab_size
+    vocab_rows = (
+        vocab_shard(config.vocab_size, world).length if world.size > 1 else config.vocab_size
+    )
     heads = 1 if config.tie_word_embeddings else 2
     return dtype_bytes * (config.num_layers * per_layer + heads * vocab_rows * h + h)
