@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import prometheus_client
 from llmservice.server.advisor_metrics import AdvisorMetrics
 from llmservice.server.engine.messages import EngineStats
+from llmservice.server.spec_metrics import SpecMetrics
 from llmservice.server.step_metrics import StepMetrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -119,6 +120,7 @@ class ServerMetrics:
 
         self.advisor = AdvisorMetrics(r, model_name)  # what the advisor reads beyond vLLM's names
         self.steps = StepMetrics(r, model_name)  # the step-time budget (server/step_metrics.py)
+        self.spec = SpecMetrics(r, model_name)  # speculative decoding (server/spec_metrics.py)
         self._last = EngineStats()
 
     # ---- engine-wide, every step ---------------------------------------------------------
@@ -137,6 +139,7 @@ class ServerMetrics:
             self.iteration_tokens.observe(stats.step_tokens)
         self.advisor.on_engine_totals(stats.prefix_potential_hits, stats.detokenize_seconds)
         self.steps.on_stats(stats)
+        self.spec.on_totals(stats.spec_decode)
         self._last = stats
 
     # ---- per request, as its tokens arrive -------------------------------------------------

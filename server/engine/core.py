@@ -53,6 +53,7 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
         step_target_seconds=engine.last_step.target_s if stepped else None,
         step_cost=engine.cost_model.coefficients.as_tuple(),
         step_decode_overruns=engine.scheduler.budget_stats.decode_overruns,
+        spec_decode=engine.speculator.stats.totals() if engine.speculator else None,
     )
 
 

@@ -90,6 +90,8 @@ class EngineStats:
     step_target_seconds: float | None = None  # None: no time limit
     step_cost: tuple[float, float, float, float] | None = None  # cost model coefficients
     step_decode_overruns: int = 0  # cumulative
+    # speculative decoding, cumulative: (drafts, draft tokens, accepted, accepted per position)
+    spec_decode: tuple[int, int, int, tuple[int, ...]] | None = None
 
 
 @dataclass

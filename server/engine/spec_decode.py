@@ -36,6 +36,15 @@ class SpecDecodeStats:
     accepted_per_pos: list[int] = field(default_factory=list)  # accepted drafts at position i
     batch_off_steps: int = 0  # steps the batch-level rule turned speculation off
 
+    def totals(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """What EngineStats carries to the metrics (server/spec_metrics.py)."""
+        return (
+            self.num_drafts,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            tuple(self.accepted_per_pos),
+        )
+
     @property
     def mean_accepted_length(self) -> float:
         """Tokens per verification: accepted drafts plus the target's own."""
