@@ -116,6 +116,7 @@ class TPExecutor:
         try:
             self.ready = [self._receive(rank, self.conns[rank].recv) for rank in range(size)]
         except BaseException:
+            self._closed = True
             self.kill()
             raise
         first: RankReady = self.ready[0]
@@ -148,6 +149,7 @@ class TPExecutor:
                     msg = None
                 if isinstance(msg, RankFailed):
                     self.failure = f"tensor-parallel rank {msg.rank} failed: {msg.message}"
+                    self.kill()
                     raise TPWorkerError(self.failure)
                 if msg is not None:
                     return msg
@@ -155,6 +157,7 @@ class TPExecutor:
             if failure is None and ready:
                 failure = self._report_from_others(rank)
             if failure is not None:
+                self.kill()  # the others may be stuck in a collective with the failed rank
                 raise TPWorkerError(failure)
 
     def _report_from_others(self, rank: int) -> str | None:
@@ -200,7 +203,7 @@ class TPExecutor:
         return reply.result
 
     def kill(self) -> None:
-        self._closed = True
+        """End every rank now (a failure: nothing is left waiting in a collective)."""
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
@@ -209,6 +212,9 @@ class TPExecutor:
         if self._closed:
             return
         self._closed = True
+        if self.check() is not None:  # no goodbye to a group that lost a rank
+            self.kill()
+            return
         for conn in self.conns:
             try:
                 conn.send_bytes(SHUTDOWN)
@@ -223,6 +229,7 @@ class TPExecutor:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
+            self._closed = True
             self.kill()
 
 
