@@ -557,7 +557,9 @@ class FakeKubelet:
             )
 
     async def _stop_process(self, uid: str, grace: int) -> None:
-        running = self._processes.pop(uid, None)
+        """SIGTERM, SIGKILL after `grace` s. The process stays listed until it is gone, so
+        the kubelet's own shutdown also ends one still in a pod's (longer) grace period."""
+        running = self._processes.get(uid)
         if running is None:
             return
         if running.process.returncode is None:
@@ -568,7 +570,10 @@ class FakeKubelet:
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(running.process.pid, signal.SIGKILL)
-                await running.process.wait()
+                # bounded: a teardown must not hang on a process the kernel has not reaped
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(running.process.wait(), timeout=10)
+        self._processes.pop(uid, None)
         running.prober.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running.prober

@@ -23,8 +23,10 @@ from tests.support.server_process import wait_ready
 MODEL = "builtin:smollm2-135m"
 KEY = "s3cret-key"
 COMMON = ("--max-model-len", "256", "--kv-cache-memory-gib", "0.1")
+# 3 s: a 5-token answer on a loaded 2-core machine must not hit it (2 s did, once)
+TIMEOUT_S = "3"
 GUARDED = (*COMMON, "--api-key", KEY, "--max-request-body-bytes", "65536",
-           "--max-tokens-default", "5", "--request-timeout-s", "2")
+           "--max-tokens-default", "5", "--request-timeout-s", TIMEOUT_S)
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -113,7 +115,7 @@ def test_request_timeout_ends_with_length_and_says_why(guarded):
     # a stream announces the limit up front and ends its choice with length
     with httpx.stream("POST", guarded.base_url + "/completions", json={**body, "stream": True},
                       headers=AUTH, timeout=60) as s:
-        assert s.headers["llmservice-request-timeout-s"] == "2"
+        assert s.headers["llmservice-request-timeout-s"] == TIMEOUT_S
         events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     reasons = [c["finish_reason"] for e in events[:-1] for c in json.loads(e)["choices"]]
