@@ -81,7 +81,7 @@ def reference(shared):
     return [o.token_ids for o in eng.generate(*mixed_workload())]
 
 
-@pytest.mark.parametrize("target_ms", [60.0, 150.0])
+@pytest.mark.parametrize("target_ms", [100.0])
 def test_greedy_outputs_unchanged_and_every_rule_held(shared, reference, target_ms):
     eng = budgeted(shared, max_step_ms=target_ms, max_num_batched_tokens=96, max_num_seqs=6)
     steps = record(eng)
