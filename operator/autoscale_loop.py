@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from llmservice.operator import autoscale_zero as zero
 from llmservice.operator import telemetry as tm
 from llmservice.operator.advisor import loop_hook
 from llmservice.operator.advisor.service_advice import ServiceAdvisor
@@ -154,6 +155,7 @@ class _State:
     last_scale_time: str | None = None
     last_scale_reason: str | None = None
     advisor: ServiceAdvisor = field(default_factory=ServiceAdvisor)
+    idle: zero.Idleness | None = None  # the scale-to-zero clock (autoscale_zero.py)
 
 
 @dataclass(frozen=True)
@@ -404,6 +406,13 @@ class AutoscaleLoop:
         )
         decision = decide(policy, observation, state.history, scraped_at)
         state.history = decision.history
+        activity = [
+            zero.PodActivity(r.target.uid, r.sample.running_requests, r.sample.waiting_requests,
+                             r.sample.requests_total)
+            for r in results if r.sample is not None
+        ]  # fmt: skip
+        state.idle = zero.observe(state.idle, activity, current, scraped_at, utc_now())
+        decision = zero.apply(policy, observation, state.idle, decision, scraped_at)
 
         if decision.replicas != current:
             await asyncio.to_thread(
@@ -445,18 +454,18 @@ class AutoscaleLoop:
         if state.last_scale_time:
             fields["lastScaleTime"] = state.last_scale_time
             fields["lastScaleReason"] = state.last_scale_reason
+        if state.idle.last_request_time:
+            fields["lastRequestTime"] = state.idle.last_request_time
         advice, advice_events = loop_hook.advise(state.advisor, body, results, scraped_at)
         fields.update(advice)
         for type_, message in advice_events:
             await self._event(body, type_, loop_hook.EVENT_REASON, message)
         status = "True" if decision.active else "False"
-        await self._publish(
-            key,
-            body,
-            sources,
-            fields,
-            [condition(status, decision.active_reason, decision.active_message)],
-        )
+        conditions = [condition(status, decision.active_reason, decision.active_message)]
+        to_zero = zero.condition(policy, decision.replicas, state.idle, scraped_at)
+        if to_zero is not None:
+            conditions.append(to_zero)
+        await self._publish(key, body, sources, fields, conditions)
         return decision
 
     def _emitter(self, body: dict[str, Any]) -> Callable[[str, str, str], None]:

@@ -56,6 +56,7 @@ class AutoscalingPolicy:
     scale_up_stabilization_seconds: float = 0.0
     scale_down_stabilization_seconds: float = 300.0
     interval_seconds: float = 15.0
+    scale_to_zero_after_seconds: float = 600.0  # with min_replicas 0 (autoscale_zero.py)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> AutoscalingPolicy:
@@ -84,6 +85,9 @@ class AutoscalingPolicy:
                 get("scaleDownStabilizationSeconds", d.scale_down_stabilization_seconds)
             ),
             interval_seconds=float(get("intervalSeconds", d.interval_seconds)),
+            scale_to_zero_after_seconds=float(
+                get("scaleToZeroAfterSeconds", d.scale_to_zero_after_seconds)
+            ),
         )
 
     def clamp(self, replicas: int) -> int:

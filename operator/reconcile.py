@@ -46,6 +46,9 @@ PLURALS = {
     "ServiceMonitor": "servicemonitors",
     "LeaderWorkerSet": "leaderworkersets",  # a multi-node vLLM replica (render_lws.py)
     "NetworkPolicy": "networkpolicies",
+    "ServiceAccount": "serviceaccounts",  # the router's (render_router.py)
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
 }
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1"
 
@@ -164,7 +167,11 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
         server_image=options.server_image,
         with_service_monitor=kube.has_resource(SERVICE_MONITOR_API, "servicemonitors"),
     )
-    applied = {m["kind"]: apply_child(kube, m, emit) for m in manifests.all()}
+    applied: dict[str, dict[str, Any]] = {}
+    for m in manifests.all():  # the first of a kind is the model's (the router's come last)
+        applied.setdefault(m["kind"], apply_child(kube, m, emit))
+    if not manifests.router:
+        delete_router(owner, kube, emit)
     if manifests.pdb is None:
         pdb_path = path_for("policy/v1", "poddisruptionbudgets", owner.namespace, owner.name)
         if kube.delete(pdb_path) is not None:
@@ -180,6 +187,19 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
     if spec.engine.kind == "vllm" and lws_support.delete_leftover(kube, owner.namespace, owner.name):
         emit("Normal", "Deleted", f"Deleted LeaderWorkerSet {owner.name} (back within one node)")
     return Outcome(fit, True, deployment_view(applied["Deployment"]), support)
+
+
+def delete_router(owner: r.Owner, kube: Kube, emit: Emit) -> None:
+    """spec.router off (or never on): remove what an earlier router left behind."""
+    from llmservice.operator.render_router import router_children
+
+    children = router_children(owner)
+    api_version, plural, name = children[-1]  # the ServiceAccount: applied first, deleted last
+    if kube.get(path_for(api_version, plural, owner.namespace, name)) is None:
+        return  # one read per reconcile when there never was a router
+    for api_version, plural, name in children:
+        if kube.delete(path_for(api_version, plural, owner.namespace, name)) is not None:
+            emit("Normal", "Deleted", f"Deleted {plural.removesuffix('s')} {name} (spec.router disabled)")
 
 
 def fresher(

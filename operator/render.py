@@ -50,10 +50,11 @@ class Manifests:
     pdb: dict[str, Any] | None
     service_monitor: dict[str, Any] | None
     network_policy: dict[str, Any] | None = None  # spec.networkPolicy.enabled
+    router: tuple[dict[str, Any], ...] = ()  # spec.router.enabled (render_router.py)
 
     def all(self) -> list[dict[str, Any]]:
         children = (self.deployment, self.service, self.pdb, self.service_monitor, self.network_policy)
-        return [m for m in children if m]
+        return [m for m in children if m] + list(self.router)
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -96,9 +97,15 @@ def render(
             max_gpu_memory_utilization=max_gpu_memory_utilization,
             with_service_monitor=with_service_monitor,
         )
+    service, router = render_service(owner), ()
+    if spec.router.enabled and not spec.multi_node:  # the Service fronts the router, it the pods
+        from llmservice.operator.render_router import render_router
+
+        service, router = render_router(owner, spec, spec.router, service, server_image)
     return Manifests(
         deployment=render_deployment(owner, spec, max_gpu_memory_utilization, server_image),
-        service=render_service(owner),
+        service=service,
+        router=router,
         pdb=render_pdb(owner) if spec.replicas > 1 else None,
         service_monitor=render_service_monitor(owner) if with_service_monitor else None,
         network_policy=render_network_policy(_metadata(owner), selector_labels(owner.name), PORT, spec.network_policy),

@@ -28,6 +28,7 @@ KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # vLLM < 0.10
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 PREEMPTIONS = "vllm:num_preemptions_total"
+SUCCESS = "vllm:request_success_total"  # requests finished: scale to zero's activity signal
 DEFAULT_PORT = 8000
 
 
@@ -89,6 +90,7 @@ class Sample:
     waiting_requests: float | None
     running_requests: float | None
     preemptions_total: float | None
+    requests_total: float | None = None  # vllm:request_success_total over finished_reason
 
 
 def parse_metrics(text: str) -> Sample:
@@ -111,6 +113,7 @@ def parse_metrics(text: str) -> Sample:
         waiting_requests=total(WAITING),
         running_requests=total(RUNNING),
         preemptions_total=total(PREEMPTIONS),
+        requests_total=total(SUCCESS),
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from llmservice.operator.catalog import Architecture
 from llmservice.operator.network_policy import NetworkPolicySpec
+from llmservice.operator.router_spec import RouterSpec
 from llmservice.server.cli_args import BY_NAME
 
 GROUP = "llmservice.dev"
@@ -280,6 +281,7 @@ class LLMServiceSpec:
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     replicas: int = 1
     network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
+    router: RouterSpec = field(default_factory=RouterSpec)  # router_spec.py, render_router.py
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LLMServiceSpec:
@@ -290,6 +292,7 @@ class LLMServiceSpec:
             resources=ResourcesSpec.from_dict(data.get("resources")),
             scheduling=SchedulingSpec.from_dict(data.get("scheduling")),
             replicas=_get(data, "replicas", 1),
+            router=RouterSpec.from_dict(data),
         )
 
     @property

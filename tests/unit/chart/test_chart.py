@@ -40,7 +40,14 @@ OPERATOR_RULES = {
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
     # multi-node vllm replicas (docs/vllm.md): applied, watched for status
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch"},
-    ("", "services"): {"get", "create", "patch"},
+    # delete: spec.router off removes the pods' headless Service
+    ("", "services"): {"get", "create", "patch", "delete"},
+    # the router's ServiceAccount, Role, RoleBinding (docs/router.md)
+    ("", "serviceaccounts"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch", "delete"},
+    # held only to grant it to the router's Role (RBAC's escalation check)
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
     # spec.networkPolicy: applied when enabled, deleted when disabled
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},

@@ -303,6 +303,9 @@ RESERVED = {
     ("get", "", "secrets"),  # the Hub shape lookup's token (tests/integration/operator/test_hub_shape.py)
     ("get", "llmservice.dev", "llmservices/scale"),
     ("patch", "llmservice.dev", "llmservices/scale"),
+    # granted to the router's Role, so held (RBAC's escalation check), never used itself
+    ("list", "discovery.k8s.io", "endpointslices"),
+    ("watch", "discovery.k8s.io", "endpointslices"),
 }
 
 

@@ -61,7 +61,11 @@ def test_render_prints_what_the_operator_applies_with_the_plan():
     for key, value in plan.items():
         assert f"#   {key}: {value}" in comments, key
     # The contract: the printed pod command is one the server starts.
-    (deployment,) = [d for d in yaml.safe_load_all(done.stdout) if d["kind"] == "Deployment"]
+    (deployment,) = [
+        d
+        for d in yaml.safe_load_all(done.stdout)
+        if d["kind"] == "Deployment" and "llmservice.dev/router" not in d["metadata"]["labels"]
+    ]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     engine, _ = configs_from_args(parse_serve_argv(args[1:]))
     assert engine.model == "builtin:smollm2-135m"
@@ -95,7 +99,9 @@ def test_the_operator_ceiling_applies_as_in_the_cluster(capsys, tmp_path):
              "gpuMemoryUtilization": 0.95}}  # fmt: skip
     code, out, _ = run(capsys, "-f", write(tmp_path, **tight))
     assert code == 0 and "#   gpuMemoryUtilization: 0.95" in out
-    code, out, err = run(capsys, "-f", write(tmp_path, **tight), "--max-gpu-memory-utilization", "0.8")
+    code, out, err = run(
+        capsys, "-f", write(tmp_path, **tight), "--max-gpu-memory-utilization", "0.8"
+    )
     assert code == 1 and "x 0.80" in err
     code, out, _ = run(capsys, "-f", write(tmp_path), "--max-gpu-memory-utilization", "0.8")
     assert code == 0 and "- --gpu-memory-utilization\n        - '0.8'" in out
@@ -104,7 +110,11 @@ def test_the_operator_ceiling_applies_as_in_the_cluster(capsys, tmp_path):
 def test_an_hf_model_renders_a_pod_the_server_starts(capsys):
     code, out, err = run(capsys, "-f", str(ROOT / "examples/llama-3-8b.yaml"))
     assert code == 0, err
-    (deployment,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
+    (deployment,) = [
+        d
+        for d in yaml.safe_load_all(out)
+        if d["kind"] == "Deployment" and "llmservice.dev/router" not in d["metadata"]["labels"]
+    ]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     engine, server = configs_from_args(parse_serve_argv(args[1:]))
     assert engine.model == "hf://meta-llama/Meta-Llama-3-8B-Instruct" and server.download_dir

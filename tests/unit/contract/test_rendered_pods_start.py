@@ -36,7 +36,9 @@ REFUSED = {
 
 
 def example(name: str) -> tuple[Owner, LLMServiceSpec]:
-    stored, errors = admit(SCHEMA, yaml.safe_load((ROOT / f"examples/{name}.yaml").read_text()), None)
+    stored, errors = admit(
+        SCHEMA, yaml.safe_load((ROOT / f"examples/{name}.yaml").read_text()), None
+    )
     assert errors == []
     return Owner(stored["metadata"]["name"], "default", OWNER_UID), LLMServiceSpec.from_dict(
         stored["spec"]
@@ -55,14 +57,20 @@ def rendered_deployment(name: str) -> dict[str, Any]:
 
 def golden_deployment(name: str) -> dict[str, Any]:
     docs = list(yaml.safe_load_all((GOLDEN / f"{name}.yaml").read_text()))
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (deployment,) = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and "llmservice.dev/router" not in d["metadata"]["labels"]
+    ]
     return deployment
 
 
 def test_every_example_and_golden_file_is_covered():
     # vllm-*: stock vLLM pods (engine.kind: vllm), checked against vLLM's argument list
     # in tests/unit/operator/test_render_vllm.py instead.
-    examples = {p.stem for p in (ROOT / "examples").glob("*.yaml") if not p.stem.startswith("vllm-")}
+    examples = {
+        p.stem for p in (ROOT / "examples").glob("*.yaml") if not p.stem.startswith("vllm-")
+    }
     assert examples == set(REFUSED)
     assert {p.stem for p in GOLDEN.glob("*.yaml")} == set(REFUSED)
 

@@ -61,6 +61,7 @@ def test_policy_defaults_match_the_crd():
         "scaleUpStabilizationSeconds": ours.scale_up_stabilization_seconds,
         "scaleDownStabilizationSeconds": ours.scale_down_stabilization_seconds,
         "intervalSeconds": ours.interval_seconds,
+        "scaleToZeroAfterSeconds": ours.scale_to_zero_after_seconds,
     }
 
 

@@ -181,7 +181,10 @@ def test_children_share_labels_selector_and_owner():
         assert ref["kind"] == "LLMService" and ref["controller"] is True
         assert ref["uid"] == "11111111-2222-3333-4444-555555555555"
     selector = m.deployment["spec"]["selector"]["matchLabels"]
-    assert m.service["spec"]["selector"] == selector
+    # With the router (on: maxReplicas 4), the pods' headless Service selects the pods
+    # and the LLMService's own Service the router (tests/unit/operator/test_render_router.py).
+    (pods,) = [c for c in m.router if c["metadata"]["name"] == "llama-3-8b-pods"]
+    assert pods["spec"]["selector"] == selector
     assert m.pdb["spec"]["selector"]["matchLabels"] == selector
     template_labels = m.deployment["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= template_labels.items()

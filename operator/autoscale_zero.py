@@ -1,0 +1,98 @@
+"""Scale to zero: after `scaleToZeroAfterSeconds` without a request, 0 replicas. Pure.
+
+Only with `minReplicas: 0` (the router then holds the next request and sets replicas
+back to 1, see router/wake.py). A request is seen in the pods' own metrics: a pod
+with requests running or waiting, or whose `vllm:request_success_total` grew since
+its last scrape. The idle clock starts again when the operator starts watching (after
+a restart nothing goes to zero for a whole window), when replicas leave 0 (a wake),
+and at every request seen. It never scales to zero while a pod is starting or a Ready
+pod could not be scraped: "no metrics" is not "no requests".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from llmservice.operator.autoscaler import AutoscalingPolicy, Decision, Observation
+
+SCALED_TO_ZERO = "ScaledToZero"
+
+
+@dataclass(frozen=True)
+class PodActivity:
+    uid: str
+    running: float | None
+    waiting: float | None
+    requests_total: float | None  # vllm:request_success_total, summed
+
+
+@dataclass(frozen=True)
+class Idleness:
+    last_activity: float  # monotonic seconds
+    replicas: int  # spec.replicas at the last look
+    totals: dict[str, float] = field(default_factory=dict)  # pod uid -> request counter
+    last_request_time: str | None = None  # wall clock, for status.lastRequestTime
+
+
+def observe(
+    idle: Idleness | None, pods: Iterable[PodActivity], current: int, now: float, wall: str
+) -> Idleness:
+    """The idle clock after one scrape."""
+    pods = list(pods)
+    totals = {p.uid: p.requests_total for p in pods if p.requests_total is not None}
+    if idle is None:
+        return Idleness(now, current, totals)
+    busy = any((p.running or 0) > 0 or (p.waiting or 0) > 0 for p in pods) or any(
+        uid in idle.totals and total != idle.totals[uid] for uid, total in totals.items()
+    )
+    woken = idle.replicas == 0 and current > 0
+    last = now if busy or woken or current == 0 else idle.last_activity
+    return Idleness(last, current, totals, wall if busy else idle.last_request_time)
+
+
+def zero_due(policy: AutoscalingPolicy, obs: Observation, idle: Idleness, now: float) -> bool:
+    return (
+        policy.enabled
+        and policy.min_replicas == 0
+        and obs.current_replicas > 0
+        and obs.ready_pods > 0
+        and obs.pending_pods == 0
+        and not obs.scrape_failures
+        and now - idle.last_activity >= policy.scale_to_zero_after_seconds
+    )
+
+
+def apply(
+    policy: AutoscalingPolicy, obs: Observation, idle: Idleness, decision: Decision, now: float
+) -> Decision:
+    """The decision, or 0 replicas when the idle window has passed."""
+    if not zero_due(policy, obs, idle, now):
+        return decision
+    idle_for = now - idle.last_activity
+    reason = (
+        f"no request for {idle_for:.0f}s (scaleToZeroAfterSeconds {policy.scale_to_zero_after_seconds:g})"
+        " → 0 replicas; the router holds the next request and scales back from zero"
+    )
+    return replace(decision, replicas=0, reason=reason)
+
+
+def condition(
+    policy: AutoscalingPolicy, replicas: int, idle: Idleness, now: float
+) -> dict[str, str] | None:
+    """The ScaledToZero condition, for objects that may scale to zero only."""
+    if not (policy.enabled and policy.min_replicas == 0):
+        return None
+    if replicas == 0:
+        return {
+            "type": SCALED_TO_ZERO, "status": "True", "reason": "Idle",
+            "message": "0 replicas after no request for "
+            f"{policy.scale_to_zero_after_seconds:g}s; the next request is held by the router "
+            "and scales the service back from zero",
+        }  # fmt: skip
+    idle_for = max(0.0, now - idle.last_activity)
+    return {
+        "type": SCALED_TO_ZERO, "status": "False", "reason": "Serving",
+        "message": f"{replicas} replica(s); idle for {idle_for:.0f}s of the "
+        f"{policy.scale_to_zero_after_seconds:g}s (scaleToZeroAfterSeconds) before scaling to zero",
+    }  # fmt: skip

@@ -1,0 +1,91 @@
+"""Scale to zero, table-tested: the idle clock, when 0 is due, and the condition."""
+
+from __future__ import annotations
+
+import pytest
+from llmservice.operator import autoscale_zero as zero
+from llmservice.operator.autoscaler import (
+    AutoscalingPolicy,
+    History,
+    Observation,
+    PodMetrics,
+    decide,
+)
+
+POLICY = AutoscalingPolicy(
+    enabled=True, min_replicas=0, max_replicas=3, scale_to_zero_after_seconds=60
+)
+IDLE_POD = zero.PodActivity("u1", running=0, waiting=0, requests_total=5)
+OBS = Observation(current_replicas=1, ready_pods=1, scraped=(PodMetrics(0.0, 0.0, 0.0),))
+
+
+def clock(*steps):
+    """Feed (time, pods, replicas) steps through observe; return the last Idleness."""
+    idle = None
+    for t, pods, replicas in steps:
+        idle = zero.observe(idle, pods, replicas, t, f"wall-{t}")
+    return idle
+
+
+def test_idle_for_the_window_goes_to_zero():
+    idle = clock((0, [IDLE_POD], 1), (30, [IDLE_POD], 1), (61, [IDLE_POD], 1))
+    decision = decide(POLICY, OBS, History(), 61)
+    assert decision.replicas == 1  # the ordinary rules never go below 1
+    out = zero.apply(POLICY, OBS, idle, decision, 61)
+    assert out.replicas == 0 and "no request for 61s" in out.reason
+
+
+@pytest.mark.parametrize(
+    "busy",
+    [
+        zero.PodActivity("u1", running=1, waiting=0, requests_total=5),
+        zero.PodActivity("u1", running=0, waiting=2, requests_total=5),
+        zero.PodActivity("u1", running=0, waiting=0, requests_total=6),  # one finished in between
+    ],
+)
+def test_any_request_restarts_the_clock(busy):
+    after = zero.PodActivity("u1", running=0, waiting=0, requests_total=busy.requests_total)
+    idle = clock((0, [IDLE_POD], 1), (50, [busy], 1), (70, [after], 1))
+    assert idle.last_activity == 50 and idle.last_request_time == "wall-50"
+    assert not zero.zero_due(POLICY, OBS, idle, 70)
+    assert zero.zero_due(POLICY, OBS, idle, 111)
+
+
+def test_the_window_starts_when_watching_starts_and_at_a_wake():
+    assert not zero.zero_due(POLICY, OBS, clock((100, [IDLE_POD], 1)), 150)  # operator restart
+    woken = clock((0, [], 0), (100, [], 0), (200, [], 1), (230, [IDLE_POD], 1))
+    assert woken.last_activity == 200
+    assert not zero.zero_due(POLICY, OBS, woken, 250) and zero.zero_due(POLICY, OBS, woken, 261)
+
+
+@pytest.mark.parametrize(
+    ("policy", "obs"),
+    [
+        (AutoscalingPolicy(enabled=True, min_replicas=1, scale_to_zero_after_seconds=60), OBS),
+        (AutoscalingPolicy(enabled=False, min_replicas=0, scale_to_zero_after_seconds=60), OBS),
+        (POLICY, Observation(current_replicas=0, ready_pods=0)),  # already there
+        (POLICY, Observation(current_replicas=1, ready_pods=1, pending_pods=1)),  # a wake under way
+        (POLICY, Observation(current_replicas=1, ready_pods=0, pending_pods=1)),
+        (
+            POLICY,
+            Observation(current_replicas=2, ready_pods=2, scrape_failures=("pod-b: timed out",)),
+        ),
+    ],
+)
+def test_never_to_zero(policy, obs):
+    idle = clock((0, [IDLE_POD], obs.current_replicas))
+    assert not zero.zero_due(policy, obs, idle, 10_000)
+
+
+def test_condition_only_for_objects_that_may_scale_to_zero():
+    idle = clock((0, [IDLE_POD], 1), (20, [IDLE_POD], 1))
+    assert zero.condition(AutoscalingPolicy(enabled=True), 1, idle, 20) is None
+    serving = zero.condition(POLICY, 1, idle, 20)
+    assert (serving["status"], serving["reason"]) == ("False", "Serving")
+    assert "idle for 20s of the 60s" in serving["message"]
+    at_zero = zero.condition(POLICY, 0, idle, 90)
+    assert (at_zero["type"], at_zero["status"], at_zero["reason"]) == (
+        "ScaledToZero",
+        "True",
+        "Idle",
+    )
