@@ -40,7 +40,9 @@ def model_flops_per_token(cfg, context_len: int) -> float:
     return gemm + attn
 
 
-def raw_matmul_rate(cfg, m: int, repeats: int = 3, device: str = "cpu", dtype=torch.float32) -> float:
+def raw_matmul_rate(
+    cfg, m: int, repeats: int = 3, device: str = "cpu", dtype=torch.float32
+) -> float:
     """FLOP/s of plain torch matmuls over the model's GEMM shapes at batch m."""
     shapes = gemm_shapes(cfg)
     mats = {s: torch.randn(s[1], s[0], device=device, dtype=dtype) for s in set(shapes)}
@@ -62,14 +64,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_engine(loaded, workload, max_num_seqs: int, device: str = "cpu", kv_gib: float = 2.0) -> dict:
+def run_engine(
+    loaded, workload, max_num_seqs: int, device: str = "cpu", kv_gib: float = 2.0
+) -> dict:
     engine = LLMEngine.from_config(
-        EngineConfig(max_model_len=1024, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
-                     kv_cache_memory_gib=kv_gib, device=device),
+        EngineConfig(
+            max_model_len=1024,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=2048,
+            kv_cache_memory_gib=kv_gib,
+            device=device,
+        ),
         loaded=loaded,
     )
     for prompt, out_len in workload:
-        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
+        engine.add_request(
+            prompt, SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+        )
     decode_steps = []
     generated = 0
     t0 = time.perf_counter()
@@ -78,11 +89,20 @@ def run_engine(loaded, workload, max_num_seqs: int, device: str = "cpu", kv_gib:
         generated += sum(len(o.new_token_ids) for o in outs)
         st = engine.last_step
         if st.num_prompt_tokens == 0 and st.num_batched_tokens >= 64:
-            ctx = statistics.fmean(r.num_tokens for r in engine.scheduler.running) if engine.scheduler.running else 0
+            ctx = (
+                statistics.fmean(r.num_tokens for r in engine.scheduler.running)
+                if engine.scheduler.running
+                else 0
+            )
             decode_steps.append((st.num_batched_tokens, st.duration_s, ctx))
     elapsed = time.perf_counter() - t0
-    return {"elapsed_s": elapsed, "output_tokens": generated, "output_tok_per_s": generated / elapsed,
-            "weight_bytes": engine.model.weight_bytes(), "decode_steps": decode_steps}
+    return {
+        "elapsed_s": elapsed,
+        "output_tokens": generated,
+        "output_tok_per_s": generated / elapsed,
+        "weight_bytes": engine.model.weight_bytes(),
+        "decode_steps": decode_steps,
+    }
 
 
 def rss_mb() -> float:
@@ -128,26 +148,48 @@ def run_hf(model, workload, batch_size: int, device: str = "cpu") -> dict:
         max_new = max(o for _, o in batch)
         with torch.no_grad():
             model.generate(
-                ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new, min_new_tokens=max_new,
-                do_sample=False, pad_token_id=2, eos_token_id=None,
+                ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=2,
+                eos_token_id=None,
             )
-        useful += sum(o for _, o in batch)  # tokens the requests asked for; the rest is static-batch waste
+        useful += sum(
+            o for _, o in batch
+        )  # tokens the requests asked for; the rest is static-batch waste
     _sync(device)
     elapsed = time.perf_counter() - t0
-    return {"elapsed_s": elapsed, "requests": len(workload), "output_tokens": useful, "output_tok_per_s": useful / elapsed}
+    return {
+        "elapsed_s": elapsed,
+        "requests": len(workload),
+        "output_tokens": useful,
+        "output_tok_per_s": useful / elapsed,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-requests", type=int, default=256)
-    ap.add_argument("--hf-requests", type=int, default=128, help="HF runs on the first N requests (same distribution)")
-    ap.add_argument("--hf-batches", type=int, nargs="+", default=[16, 64], help="HF static batch sizes to run")
+    ap.add_argument(
+        "--hf-requests",
+        type=int,
+        default=128,
+        help="HF runs on the first N requests (same distribution)",
+    )
+    ap.add_argument(
+        "--hf-batches", type=int, nargs="+", default=[16, 64], help="HF static batch sizes to run"
+    )
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--compare-fp32", action="store_true",
-                    help="also run the engine on dequantized fp32 weights (--cpu-weights fp32), same run")
+    ap.add_argument(
+        "--compare-fp32",
+        action="store_true",
+        help="also run the engine on dequantized fp32 weights (--cpu-weights fp32), same run",
+    )
     common.add_model_args(ap)
     args = ap.parse_args()
     rss0 = rss_mb()
@@ -158,10 +200,20 @@ def main() -> None:
     cfg = loaded.config
     workload = sharegpt_like(args.num_requests, seed=0)
     result: dict = {
-        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "platform": platform.platform()} | ({"gpu": torch.cuda.get_device_name()} if gpu else {}),
-        "model": {"ref": args.model, "load_format": args.load_format, "name": cfg.name, "dtype": str(dtype),
-                  "layers": cfg.num_layers, "hidden": cfg.hidden_size},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+        }
+        | ({"gpu": torch.cuda.get_device_name()} if gpu else {}),
+        "model": {
+            "ref": args.model,
+            "load_format": args.load_format,
+            "name": cfg.name,
+            "dtype": str(dtype),
+            "layers": cfg.num_layers,
+            "hidden": cfg.hidden_size,
+        },
         "workload": {
             "num_requests": len(workload),
             "mean_prompt_tokens": statistics.fmean(len(p) for p, _ in workload),
@@ -171,7 +223,9 @@ def main() -> None:
     }
     rate64 = raw_matmul_rate(cfg, 64, device=device.type, dtype=dtype)
     rate128 = raw_matmul_rate(cfg, 128, device=device.type, dtype=dtype)
-    print(f"raw {dtype} matmul rate on model GEMMs: {rate64 / 1e9:.1f} GFLOP/s (M=64), {rate128 / 1e9:.1f} (M=128)")
+    print(
+        f"raw {dtype} matmul rate on model GEMMs: {rate64 / 1e9:.1f} GFLOP/s (M=64), {rate128 / 1e9:.1f} (M=128)"
+    )
 
     ours = run_engine(loaded, workload, args.max_num_seqs, device.type, args.kv_cache_memory_gib)
     steps = ours.pop("decode_steps")
@@ -180,11 +234,17 @@ def main() -> None:
     raw = rate128 if mean_batch >= 96 else rate64
     ours["decode_steps_batch_ge_64"] = len(steps)
     ours["decode_mean_batch"] = mean_batch
-    ours["decode_step_ms_median"] = statistics.median(dt for _, dt, _ in steps) * 1e3 if steps else 0.0
+    ours["decode_step_ms_median"] = (
+        statistics.median(dt for _, dt, _ in steps) * 1e3 if steps else 0.0
+    )
     ours["decode_model_flops_per_s_median"] = statistics.median(step_rates) if step_rates else 0.0
-    ours["decode_fraction_of_raw_matmul"] = ours["decode_model_flops_per_s_median"] / raw if step_rates else 0.0
-    print(f"engine: {ours['output_tok_per_s']:.1f} output tok/s; decode at batch~{mean_batch:.0f}: "
-          f"{ours['decode_model_flops_per_s_median'] / 1e9:.1f} GFLOP/s = {ours['decode_fraction_of_raw_matmul']:.0%} of raw matmul")
+    ours["decode_fraction_of_raw_matmul"] = (
+        ours["decode_model_flops_per_s_median"] / raw if step_rates else 0.0
+    )
+    print(
+        f"engine: {ours['output_tok_per_s']:.1f} output tok/s; decode at batch~{mean_batch:.0f}: "
+        f"{ours['decode_model_flops_per_s_median'] / 1e9:.1f} GFLOP/s = {ours['decode_fraction_of_raw_matmul']:.0%} of raw matmul"
+    )
     ours["load_rss_increase_mb"] = rss_quantized
     result["engine"] = ours
     result["raw_matmul_flops_per_s"] = {"m64": rate64, "m128": rate128}
@@ -192,7 +252,9 @@ def main() -> None:
         from llmservice.server.model.loader import load_model
 
         rss1 = rss_mb()
-        dense = load_model(args.model, dtype, load_format=args.load_format, device=device, cpu_weights="fp32")
+        dense = load_model(
+            args.model, dtype, load_format=args.load_format, device=device, cpu_weights="fp32"
+        )
         fp32 = run_engine(dense, workload, args.max_num_seqs, device.type, args.kv_cache_memory_gib)
         fp32.pop("decode_steps")
         fp32["load_rss_increase_mb"] = rss_mb() - rss1
@@ -202,8 +264,10 @@ def main() -> None:
             "throughput_ratio": ours["output_tok_per_s"] / fp32["output_tok_per_s"],
             "weight_bytes_ratio": ours["weight_bytes"] / fp32["weight_bytes"],
         }
-        print(f"engine on fp32 weights: {fp32['output_tok_per_s']:.1f} output tok/s; weights "
-              f"{ours['weight_bytes'] / 1e6:.0f} MB quantized vs {fp32['weight_bytes'] / 1e6:.0f} MB fp32")
+        print(
+            f"engine on fp32 weights: {fp32['output_tok_per_s']:.1f} output tok/s; weights "
+            f"{ours['weight_bytes'] / 1e6:.0f} MB quantized vs {fp32['weight_bytes'] / 1e6:.0f} MB fp32"
+        )
     common.write("offline_throughput", result)  # now, and again with HF: a cut-short run keeps ours
 
     if not args.skip_hf:

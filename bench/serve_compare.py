@@ -59,9 +59,22 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
 
 
-def start_ours(model: str, port: int, args: argparse.Namespace, log: Path) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).parent / "llmservice"), "serve", model, "--host", "127.0.0.1",
-           "--port", str(port), "--max-model-len", str(args.max_model_len), *args.our_args]
+def start_ours(
+    model: str, port: int, args: argparse.Namespace, log: Path, extra: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    cmd = [
+        str(Path(sys.executable).parent / "llmservice"),
+        "serve",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(args.max_model_len),
+        *args.our_args,
+        *extra,
+    ]
     if args.threads:
         cmd += ["--num-threads", str(args.threads)]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -72,7 +85,9 @@ def start_ours(model: str, port: int, args: argparse.Namespace, log: Path) -> su
 def llama_server_binary(arg: str | None) -> Path:
     if arg:
         return Path(arg)
-    out = subprocess.run([str(ROOT / "hack" / "build-llama-server.sh"), "--print"], capture_output=True, text=True)
+    out = subprocess.run(
+        [str(ROOT / "hack" / "build-llama-server.sh"), "--print"], capture_output=True, text=True
+    )
     return Path(out.stdout.strip())
 
 
@@ -85,7 +100,9 @@ def start_llama(gguf: Path, port: int, args: argparse.Namespace, log: Path) -> s
            "--no-webui"]  # fmt: skip
     if args.threads:
         cmd += ["-t", str(args.threads), "-tb", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
+    proc = subprocess.Popen(
+        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tempfile.gettempdir()
+    )
     wait_http(f"http://127.0.0.1:{port}/health", proc)
     return proc
 
@@ -110,24 +127,40 @@ def stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def bench_one(base_url: str, model: str, extra: dict, concurrency: int, args: argparse.Namespace,
-              probe_health: bool) -> tuple[dict, list]:
+def bench_one(
+    base_url: str,
+    model: str,
+    extra: dict,
+    concurrency: int,
+    args: argparse.Namespace,
+    probe_health: bool,
+) -> tuple[dict, list]:
     n = max(args.min_prompts, args.prompts_per_slot * concurrency)
     prompts = make_prompts("random", n, args.input_len, args.output_len, seed=args.seed)
-    payloads = [(build_payload("/v1/completions", model, p, 0.0, extra), p.approx_prompt_len) for p in prompts]
+    payloads = [
+        (build_payload("/v1/completions", model, p, 0.0, extra), p.approx_prompt_len)
+        for p in prompts
+    ]
     probe = HealthProbe(base_url + "/health") if probe_health else None
     if probe:
         probe.__enter__()
     try:
-        results, duration = asyncio.run(run_load(base_url, "/v1/completions", payloads, float("inf"), 1.0,
-                                                 concurrency, args.seed))
+        results, duration = asyncio.run(
+            run_load(
+                base_url, "/v1/completions", payloads, float("inf"), 1.0, concurrency, args.seed
+            )
+        )
     finally:
         if probe:
             probe.__exit__()
     summary = summarize(results, duration)
     if probe:
         ms = sorted(v * 1000 for v in probe.latencies)
-        summary["health"] = {"probes": len(ms), "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)}
+        summary["health"] = {
+            "probes": len(ms),
+            "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99),
+        }
     return summary, results
 
 
@@ -139,32 +172,55 @@ def plot(report: dict, path: Path) -> None:
 
     servers = list(report["servers"])
     levels = report["concurrency"]
-    panels = [("output tok/s", lambda s: s["output_throughput"]),
-              ("TTFT p50 (ms)", lambda s: s["ttft"]["p50_ms"]), ("TTFT p99 (ms)", lambda s: s["ttft"]["p99_ms"]),
-              ("ITL p50 (ms)", lambda s: s["itl"]["p50_ms"]), ("ITL p99 (ms)", lambda s: s["itl"]["p99_ms"])]
+    panels = [
+        ("output tok/s", lambda s: s["output_throughput"]),
+        ("TTFT p50 (ms)", lambda s: s["ttft"]["p50_ms"]),
+        ("TTFT p99 (ms)", lambda s: s["ttft"]["p99_ms"]),
+        ("ITL p50 (ms)", lambda s: s["itl"]["p50_ms"]),
+        ("ITL p99 (ms)", lambda s: s["itl"]["p99_ms"]),
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
     width = 0.8 / len(servers)
     for ax, (title, pick) in zip(axes, panels, strict=True):
         for k, name in enumerate(servers):
             values = [pick(report["servers"][name][str(c)]) for c in levels]
             ax.bar([i + k * width for i in range(len(levels))], values, width, label=name)
-        ax.set_xticks([i + width * (len(servers) - 1) / 2 for i in range(len(levels))], [str(c) for c in levels])
+        ax.set_xticks(
+            [i + width * (len(servers) - 1) / 2 for i in range(len(levels))],
+            [str(c) for c in levels],
+        )
         ax.set_xlabel("concurrency")
         ax.set_title(title)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{report['model']}: llmservice vs llama.cpp (input {report['input_len']}, output {report['output_len']})")
+    fig.suptitle(
+        f"{report['model']}: llmservice vs llama.cpp (input {report['input_len']}, output {report['output_len']})"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="builtin:smollm2-135m")
-    p.add_argument("--llama-server", default=None, help="binary (default: hack/build-llama-server.sh --print)")
+    p.add_argument(
+        "--llama-server", default=None, help="binary (default: hack/build-llama-server.sh --print)"
+    )
     p.add_argument("--slots", type=int, default=32, help="llama-server -np (parallel sequences)")
-    p.add_argument("--slot-ctx", type=int, default=256, help="llama-server context per slot (-c = slots x this)")
+    p.add_argument(
+        "--slot-ctx",
+        type=int,
+        default=256,
+        help="llama-server context per slot (-c = slots x this)",
+    )
     p.add_argument("--skip-llama", action="store_true", help="benchmark only our server")
+    p.add_argument(
+        "--also-fp32",
+        action="store_true",
+        help="a third server: ours with --cpu-weights fp32 (the dequantized reference), same run",
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--prompts-per-slot", type=int, default=2, help="prompts = this x concurrency")
     p.add_argument("--min-prompts", type=int, default=8)
@@ -172,7 +228,9 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for each server")
-    p.add_argument("--our-args", nargs=argparse.REMAINDER, default=[], help="extra `llmservice serve` flags")
+    p.add_argument(
+        "--our-args", nargs=argparse.REMAINDER, default=[], help="extra `llmservice serve` flags"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_compare"))
     args = p.parse_args()
@@ -187,6 +245,10 @@ def main() -> int:
                     "our_args": args.our_args, "servers": {}, "peak_rss_mb": {},
                     "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}}  # fmt: skip
     starts = {"llmservice": lambda port, log: start_ours(args.model, port, args, log)}
+    if args.also_fp32:
+        starts["llmservice-fp32"] = lambda port, log: start_ours(
+            args.model, port, args, log, ("--cpu-weights", "fp32")
+        )
     if not args.skip_llama:
         starts["llama.cpp"] = lambda port, log: start_llama(gguf, port, args, log)
         info = llama_server_binary(args.llama_server).parent.parent / "build_info.json"
@@ -201,7 +263,9 @@ def main() -> int:
             bases[name] = (base, httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"])
             report["servers"][name] = {}
         for level, c in enumerate(args.concurrency):
-            order = list(starts) if level % 2 == 0 else list(reversed(starts))  # alternate who goes first
+            order = (
+                list(starts) if level % 2 == 0 else list(reversed(starts))
+            )  # alternate who goes first
             for name in order:
                 base, model = bases[name]
                 probe = name == "llmservice" and c == max(args.concurrency)
@@ -209,8 +273,11 @@ def main() -> int:
                 expected = summary["num_requests"] * args.output_len
                 summary["all_tokens_delivered"] = summary["total_output_tokens"] >= expected
                 if not summary["all_tokens_delivered"]:
-                    print(f"WARNING: {name} delivered {summary['total_output_tokens']} of {expected} output tokens "
-                          "at this concurrency: its throughput is not comparable", flush=True)
+                    print(
+                        f"WARNING: {name} delivered {summary['total_output_tokens']} of {expected} output tokens "
+                        "at this concurrency: its throughput is not comparable",
+                        flush=True,
+                    )
                 report["servers"][name][str(c)] = summary
                 print(f"{name:<11} c={c:<3} out {summary['output_throughput']:7.1f} tok/s  "
                       f"TTFT p50/p99 {summary['ttft']['p50_ms']:7.0f}/{summary['ttft']['p99_ms']:7.0f} ms  "
@@ -236,6 +303,12 @@ def targets(report: dict, args: argparse.Namespace) -> dict:
     ours = report["servers"]["llmservice"]
     checks: dict = {"health_p99_ms": ours[top]["health"]["p99_ms"], "health_target_ms": TARGET_HEALTH_P99_MS,
                     "health_ok": ours[top]["health"]["p99_ms"] <= TARGET_HEALTH_P99_MS}  # fmt: skip
+    if "llmservice-fp32" in report["servers"]:
+        base = report["servers"]["llmservice-fp32"]
+        checks["quantized_vs_fp32_weights"] = {
+            str(c): round(ours[str(c)]["output_throughput"] / base[str(c)]["output_throughput"], 3)
+            for c in args.concurrency
+        }
     theirs = report["servers"].get("llama.cpp")
     if not theirs:
         return checks

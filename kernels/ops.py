@@ -125,3 +125,8 @@ def rotary_embedding(positions, q, k, cos_sin_cache) -> None:
         _triton_for(q).rotary.rotary_embedding(positions, q, k, cos_sin_cache)
     else:
         torch_ops.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+def silu_and_mul(gate_up):
+    """silu(gate) * up of the fused gate_up output (a C call on fp32 CPU, torch elsewhere)."""
+    return torch_ops.silu_and_mul(gate_up)

@@ -9,7 +9,7 @@ position L - q + i and sees positions 0..L - q + i.
 
 import torch
 import torch.nn.functional as F
-from llmservice.kernels import cpu_attention
+from llmservice.kernels import cpu_attention, cpu_fused
 from llmservice.kernels.metadata import AttentionMetadata
 
 
@@ -175,6 +175,8 @@ def paged_attention(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if cpu_fused.supports(x, weight):
+        return cpu_fused.rms_norm(x, weight, eps)
     var = x.float().pow(2).mean(-1, keepdim=True)
     return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
 
@@ -183,6 +185,8 @@ def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual += x; return (rms_norm(residual), residual). Saves one pass over memory."""
+    if cpu_fused.supports(x, residual, weight) and residual.is_contiguous():
+        return cpu_fused.fused_add_rms_norm(x, residual, weight, eps)
     residual.add_(x)
     return rms_norm(residual, weight, eps), residual
 
@@ -197,6 +201,9 @@ def rotary_embedding(
 
     cos_sin_cache is [max_positions, D] = cat(cos, sin) over the D/2 frequencies.
     """
+    if cpu_fused.supports(q, k, cos_sin_cache) and cpu_fused.rotary_fits(q, k):
+        cpu_fused.rotary_embedding(positions, q, k, cos_sin_cache)
+        return
     cs = cos_sin_cache.index_select(0, positions)
     half = cs.shape[-1] // 2
     cos = cs[:, None, :half].to(q.dtype)
@@ -206,3 +213,11 @@ def rotary_embedding(
         x2 = t[..., half:]
         t[..., :half] = x1 * cos - x2 * sin
         t[..., half:] = x2 * cos + x1 * sin
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for the fused gate_up projection's output [..., 2n] -> [..., n]."""
+    if cpu_fused.supports(gate_up):
+        return cpu_fused.silu_and_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from llmservice.kernels import ops
 from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.model.config import ModelConfig
@@ -207,8 +206,7 @@ class LlamaModel:
             attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
             o = layer.o_proj(attn.reshape(t, self.q_size))
             x, residual = ops.fused_add_rms_norm(o, residual, layer.post_attn_norm, eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            mlp = layer.down(F.silu(gate) * up)
+            mlp = layer.down(ops.silu_and_mul(layer.gate_up(x)))
             next_norm = (
                 self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             )

@@ -47,7 +47,7 @@ def test_model_holds_under_40_percent_of_the_fp32_weight_memory(smollm, referenc
     assert packed.weight_bytes() < 0.4 * dense.weight_bytes()
 
 
-@pytest.mark.parametrize("length", [3, 40])  # the direct kernel, then dequantize + GEMM
+@pytest.mark.parametrize("length", [3, 70])  # the direct kernel, then dequantize + GEMM
 def test_logits_match_the_fp32_path(smollm, reference, length):
     packed = LlamaModel(smollm.config, smollm.weights, CPU, torch.float32, 256)
     dense = LlamaModel(reference.config, reference.weights, CPU, torch.float32, 256)
