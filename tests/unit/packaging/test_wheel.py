@@ -80,3 +80,9 @@ def test_images_copy_what_the_build_reads(dockerfile: str):
         if line.startswith("COPY "):
             copied |= set(line.split()[1:-1])
     assert [name for name in BUILD_INPUTS if name not in copied] == []
+
+
+def test_the_cpu_kernel_sources_are_in_the_wheel(wheel: zipfile.ZipFile):
+    """kernels/cpu_native.py compiles them at first use (package-data in pyproject.toml)."""
+    sources = {f"llmservice/kernels/{p.name}" for p in (ROOT / "kernels").glob("*.c")}
+    assert sources and sorted(sources - set(wheel.namelist())) == []
