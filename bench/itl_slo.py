@@ -68,6 +68,16 @@ def step_metrics(url: str) -> dict:
             out["decode_overruns"] = sum(
                 s.value for s in family.samples if s.name.endswith("_total")
             )
+    ratio = "llmservice:step_time_over_target_ratio"
+    for kind in ("decode", "prefill", "mixed", "forced"):
+        lines = [ln for ln in text.splitlines() if ln.startswith(ratio) and f'kind="{kind}"' in ln]
+        h = parse("\n".join(lines)).histograms.get(ratio)
+        if h is not None and h.count:
+            over = h.fraction_above(1.5) or 0.0
+            out.setdefault("over_target", {})[kind] = {
+                "steps": int(h.count),
+                "over_1_5x": round(over * h.count),
+            }
     for kind in ("decode", "prefill", "mixed"):
         lines = [
             ln

@@ -4,7 +4,10 @@
   `decode` (no prompt token), `prefill` (no decode), `mixed`. The advisor's evidence that
   long inter-token gaps are long steps.
 - `llmservice:step_time_over_target_ratio{kind}`: measured step time / the step's target,
-  for steps that had one: the share above 1.5 is the budget's miss rate.
+  for steps that had one: the share above 1.5 is the budget's miss rate. kind `forced`:
+  steps whose least (their decodes; with none, the smallest prefill chunk) was already
+  predicted over the target, misses the budget cannot avoid (the target is below what
+  this machine does for that batch).
 - `llmservice:step_budget_target_seconds`: the last step's target (0: no time limit).
 - `llmservice:step_cost_coefficient{term}`: the fitted cost model (seconds per step, per
   prefill token, per decode token, per attended query-key pair).
@@ -24,6 +27,7 @@ STEP_BUCKETS = [
 ]  # fmt: skip
 RATIO_BUCKETS = [0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0]
 STEP_KINDS = ("decode", "prefill", "mixed")
+RATIO_KINDS = (*STEP_KINDS, "forced")
 
 
 class StepMetrics:
@@ -39,7 +43,7 @@ class StepMetrics:
             ["model_name", "kind"], buckets=RATIO_BUCKETS, registry=registry,
         )  # fmt: skip
         self.duration = {k: duration.labels(model_name=model_name, kind=k) for k in STEP_KINDS}
-        self.ratio = {k: ratio.labels(model_name=model_name, kind=k) for k in STEP_KINDS}
+        self.ratio = {k: ratio.labels(model_name=model_name, kind=k) for k in RATIO_KINDS}
         self.target = Gauge(
             "llmservice:step_budget_target_seconds",
             "The last step's time target in seconds (0: no time limit).", ["model_name"], registry=registry,
@@ -70,4 +74,5 @@ class StepMetrics:
         target = stats.step_target_seconds
         self.target.set(target or 0.0)
         if target:
-            self.ratio[stats.step_kind].observe(stats.step_seconds / target)
+            kind = "forced" if stats.step_forced else stats.step_kind
+            self.ratio[kind].observe(stats.step_seconds / target)

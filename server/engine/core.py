@@ -51,6 +51,7 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
         step_seconds=engine.last_step.duration_s if stepped and engine.last_step.kind else None,
         step_kind=engine.last_step.kind if stepped else "",
         step_target_seconds=engine.last_step.target_s if stepped else None,
+        step_forced=stepped and engine.scheduler.budget_stats.forced,
         step_cost=engine.cost_model.coefficients.as_tuple(),
         step_decode_overruns=engine.scheduler.budget_stats.decode_overruns,
         spec_decode=engine.speculator.stats.totals() if engine.speculator else None,

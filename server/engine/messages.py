@@ -88,6 +88,7 @@ class EngineStats:
     step_seconds: float | None = None  # this step's wall time; None when no step ran
     step_kind: str = ""  # decode, prefill or mixed
     step_target_seconds: float | None = None  # None: no time limit
+    step_forced: bool = False  # its least was already predicted over the target
     step_cost: tuple[float, float, float, float] | None = None  # cost model coefficients
     step_decode_overruns: int = 0  # cumulative
     # speculative decoding, cumulative: (drafts, draft tokens, accepted, accepted per position)

@@ -459,6 +459,12 @@ class Scheduler:
                     break
         self.budget_stats.target_s = target
         self.budget_stats.predicted_s = coefs.predict(self._planned_shape(plan))
+        least = (
+            0.0
+            if decodes.decode_tokens
+            else step_budget.chunk_cost(coefs, step_budget.MIN_PROGRESS_TOKENS, 0)
+        )
+        self.budget_stats.forced = seconds is not None and seconds < least
 
     def _count_overrun(self, target_s: float, predicted_s: float, num_decodes: int) -> None:
         """Decodes alone are over the target: they run, prefill waits. Counted; logged at

@@ -47,6 +47,9 @@ class BudgetStats:
     target_s: float | None = None  # the last step's target; None: no time limit
     predicted_s: float = 0.0  # the last step's predicted time
     decode_overruns: int = 0  # cumulative: steps whose decodes alone were predicted over the target
+    # the last step's least (its decodes; with none, the smallest prefill chunk) was already
+    # predicted over the target: a miss the budget could not avoid
+    forced: bool = False
 
 
 def resolve_target_s(

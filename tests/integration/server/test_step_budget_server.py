@@ -1,10 +1,14 @@
 """A real server under a mixed workload: no step that carries prefill runs past 1.5x its
-step-time target; decode-only steps (which the budget cannot shorten) are counted and
-reported. Read from the server's own metrics (llmservice:step_time_over_target_ratio).
+step-time target; decode-only steps and forced steps (whose decodes alone, or smallest
+chunk, were already predicted over the target: the budget cannot shorten them) are
+counted and reported. Read from the server's own metrics
+(llmservice:step_time_over_target_ratio{kind}).
 
-The machine is shared and noisy (2 cores, other jobs): a step slowed by a neighbour is
-not the budget's miss, so the default-tier version allows 5 % of such steps and the
-e2e version (`make e2e`, --max-step-ms 150, 64 requests) 1 %; both print the counts."""
+The machine is shared and noisy (2 cores, other jobs; at a load of 11 a 6-sequence
+decode step of the embedded model at one thread took 150-250 ms, so a 150 ms target
+was all forced steps): the default-tier version runs at --max-step-ms 400 and allows 5 %
+of misses (a step slowed by a neighbour is not the budget's miss); the e2e version
+(`make e2e`) runs the issue's 150 ms with 64 requests and allows 1 %."""
 
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ async def mixed_load(url: str, n: int, concurrency: int, seed: int = 0) -> None:
 def check(server, n: int, concurrency: int, tolerance: float) -> dict[str, tuple[int, int]]:
     asyncio.run(mixed_load(server.url, n, concurrency))
     metrics = server.metrics()
-    counts = {kind: step_counts(metrics, kind) for kind in ("mixed", "prefill", "decode")}
+    counts = {kind: step_counts(metrics, kind) for kind in ("mixed", "prefill", "decode", "forced")}
     print(f"steps with a target (total, over 1.5x): {counts}")
     with_prefill = counts["mixed"][0] + counts["prefill"][0]
     missed = counts["mixed"][1] + counts["prefill"][1]
@@ -67,7 +71,7 @@ def check(server, n: int, concurrency: int, tolerance: float) -> dict[str, tuple
 
 
 def test_steps_with_prefill_stay_within_the_target(tmp_path):
-    args = ["--max-model-len", "512", "--kv-cache-memory-gib", "0.1", "--max-step-ms", "150"]
+    args = ["--max-model-len", "512", "--kv-cache-memory-gib", "0.1", "--max-step-ms", "400"]
     with running_server(args, tmp_path) as server:
         check(server, n=12, concurrency=6, tolerance=0.05)
 

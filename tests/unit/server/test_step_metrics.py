@@ -16,6 +16,9 @@ def test_coefficients_target_ratio_and_overruns_are_exported():
                            step_decode_overruns=2))  # fmt: skip
     m.on_stats(EngineStats(step_seconds=0.3, step_kind="decode", step_target_seconds=0.1, step_cost=cost,
                            step_decode_overruns=5))  # fmt: skip
+    m.on_stats(
+        EngineStats(step_seconds=0.3, step_kind="decode", step_target_seconds=0.1, step_forced=True)
+    )
     m.on_stats(EngineStats(step_cost=cost, step_decode_overruns=5))  # an admission report: no step
     got = parse_metrics(m.render().decode())
     for term, value in zip(TERMS, cost, strict=True):
@@ -25,5 +28,7 @@ def test_coefficients_target_ratio_and_overruns_are_exported():
     ratio = "llmservice:step_time_over_target_ratio"
     assert got[f'{ratio}_bucket{{kind="mixed",le="1.25",model_name="m"}}'] == 1  # 1.2x: within 1.25
     assert got[f'{ratio}_bucket{{kind="decode",le="2.0",model_name="m"}}'] == 0  # 3x
-    assert got['llmservice:step_duration_seconds_count{kind="decode",model_name="m"}'] == 1
-    assert got["llmservice:step_duration_seconds_count"] == 2
+    assert got[f'{ratio}_count{{kind="forced",model_name="m"}}'] == 1  # counted apart from decode
+    assert got[f'{ratio}_count{{kind="decode",model_name="m"}}'] == 1
+    assert got['llmservice:step_duration_seconds_count{kind="decode",model_name="m"}'] == 2
+    assert got["llmservice:step_duration_seconds_count"] == 3
