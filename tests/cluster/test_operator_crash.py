@@ -30,6 +30,7 @@ def llmservice(name: str) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "LLMService", "metadata": {"name": name},
         "spec": {"model": {"source": "builtin:smollm2-135m"}, "replicas": 2,
+                 "router": {"enabled": False},  # one of each child kind (the router adds more)
                  "resources": {"gpu": {"count": 1, "memoryGiB": 24}, "cpu": "1", "memory": "2Gi"}},
     }  # fmt: skip
 
