@@ -149,9 +149,14 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Attention for a mixed batch q [T, Hq, D] laid out as described by `meta`."""
-    out = torch.empty_like(q)
     nd = meta.num_decodes
-    if nd and cpu_attention.supports(q, k_cache):  # reads the pool in place: no gather
+    native = nd > 0 and cpu_attention.supports(q, k_cache)
+    if native and nd == meta.num_seqs:  # a decode-only step: no copy into a second output
+        return cpu_attention.paged_decode_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
+        )
+    out = torch.empty_like(q)
+    if native:  # reads the pool in place: no gather
         out[:nd] = cpu_attention.paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
         )
