@@ -411,7 +411,7 @@ class AutoscaleLoop:
                              r.sample.requests_total)
             for r in results if r.sample is not None
         ]  # fmt: skip
-        state.idle = zero.observe(state.idle, activity, current, scraped_at, utc_now())
+        state.idle = zero.observe(state.idle, activity, current, scraped_at, utc_now(), len(ready))
         decision = zero.apply(policy, observation, state.idle, decision, scraped_at)
 
         if decision.replicas != current:

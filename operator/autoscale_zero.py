@@ -5,7 +5,7 @@ back to 1, see router/wake.py). A request is seen in the pods' own metrics: a po
 with requests running or waiting, or whose `vllm:request_success_total` grew since
 its last scrape. The idle clock starts again when the operator starts watching (after
 a restart nothing goes to zero for a whole window), when replicas leave 0 (a wake),
-and at every request seen. It never scales to zero while a pod is starting or a Ready
+when the first pod becomes Ready, and at every request seen. It never scales to zero while a pod is starting or a Ready
 pod could not be scraped: "no metrics" is not "no requests".
 """
 
@@ -31,24 +31,31 @@ class PodActivity:
 class Idleness:
     last_activity: float  # monotonic seconds
     replicas: int  # spec.replicas at the last look
+    ready: int = 0  # Ready pods at the last look
     totals: dict[str, float] = field(default_factory=dict)  # pod uid -> request counter
     last_request_time: str | None = None  # wall clock, for status.lastRequestTime
 
 
 def observe(
-    idle: Idleness | None, pods: Iterable[PodActivity], current: int, now: float, wall: str
+    idle: Idleness | None,
+    pods: Iterable[PodActivity],
+    current: int,
+    now: float,
+    wall: str,
+    ready: int = 0,
 ) -> Idleness:
-    """The idle clock after one scrape."""
+    """The idle clock after one scrape (`ready`: the Ready pods now)."""
     pods = list(pods)
     totals = {p.uid: p.requests_total for p in pods if p.requests_total is not None}
     if idle is None:
-        return Idleness(now, current, totals)
+        return Idleness(now, current, ready, totals)
     busy = any((p.running or 0) > 0 or (p.waiting or 0) > 0 for p in pods) or any(
         uid in idle.totals and total != idle.totals[uid] for uid, total in totals.items()
     )
-    woken = idle.replicas == 0 and current > 0
-    last = now if busy or woken or current == 0 else idle.last_activity
-    return Idleness(last, current, totals, wall if busy else idle.last_request_time)
+    # A wake, or a first pod just Ready (it could not have had a request yet).
+    fresh = (idle.replicas == 0 and current > 0) or (idle.ready == 0 and ready > 0)
+    last = now if busy or fresh or current == 0 else idle.last_activity
+    return Idleness(last, current, ready, totals, wall if busy else idle.last_request_time)
 
 
 def zero_due(policy: AutoscalingPolicy, obs: Observation, idle: Idleness, now: float) -> bool:

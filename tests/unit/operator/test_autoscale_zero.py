@@ -20,10 +20,10 @@ OBS = Observation(current_replicas=1, ready_pods=1, scraped=(PodMetrics(0.0, 0.0
 
 
 def clock(*steps):
-    """Feed (time, pods, replicas) steps through observe; return the last Idleness."""
+    """Feed (time, pods, replicas) steps through observe (one Ready pod per pod given)."""
     idle = None
     for t, pods, replicas in steps:
-        idle = zero.observe(idle, pods, replicas, t, f"wall-{t}")
+        idle = zero.observe(idle, pods, replicas, t, f"wall-{t}", ready=len(pods))
     return idle
 
 
@@ -54,8 +54,10 @@ def test_any_request_restarts_the_clock(busy):
 def test_the_window_starts_when_watching_starts_and_at_a_wake():
     assert not zero.zero_due(POLICY, OBS, clock((100, [IDLE_POD], 1)), 150)  # operator restart
     woken = clock((0, [], 0), (100, [], 0), (200, [], 1), (230, [IDLE_POD], 1))
-    assert woken.last_activity == 200
-    assert not zero.zero_due(POLICY, OBS, woken, 250) and zero.zero_due(POLICY, OBS, woken, 261)
+    assert woken.last_activity == 230  # replicas left 0 at 200, its pod Ready at 230
+    assert not zero.zero_due(POLICY, OBS, woken, 280) and zero.zero_due(POLICY, OBS, woken, 291)
+    deployed = clock((0, [], 1), (100, [], 1), (150, [IDLE_POD], 1))  # loading 150 s, no traffic
+    assert deployed.last_activity == 150
 
 
 @pytest.mark.parametrize(
