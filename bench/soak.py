@@ -199,13 +199,17 @@ def main() -> int:
     p.add_argument("--max-rss-growth", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(RESULTS / "soak"), help="path prefix of the JSON and PNG")
+    p.add_argument(
+        "server_args", nargs="*", help="more `llmservice serve` options, after `--`"
+    )
     args = p.parse_args()
 
     port = free_port()
     model = "builtin:smollm2-135m"
     # A small KV pool (preemptions) and a small queue bound (503s) on purpose.
     cmd = [str(BIN), "serve", model, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512",
-           "--num-gpu-blocks-override", "64", "--max-num-seqs", "16", "--max-waiting-requests", "16"]
+           "--num-gpu-blocks-override", "64", "--max-num-seqs", "16", "--max-waiting-requests", "16",
+           *args.server_args]
     log_path = Path(args.out + ".server.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
