@@ -319,7 +319,7 @@ def test_free_text_greedy_tokens_do_not_depend_on_constrained_neighbours(make_cl
                 client.completions.create(
                     model=MODEL,
                     prompt=p,
-                    max_tokens=24,
+                    max_tokens=16,
                     temperature=0,
                     logprobs=0,
                     extra_body={"ignore_eos": True},
@@ -330,9 +330,13 @@ def test_free_text_greedy_tokens_do_not_depend_on_constrained_neighbours(make_cl
 
     async def mixed(client):
         fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMAS["nested"]}}
+        # compiled first, so the constrained requests run alongside the free ones
+        await client.chat.completions.create(
+            model=MODEL, messages=ASK, response_format=fmt, max_tokens=1
+        )
         constrained = [
             client.chat.completions.create(
-                model=MODEL, messages=ASK, response_format=fmt, max_tokens=60, temperature=0.8
+                model=MODEL, messages=ASK, response_format=fmt, max_tokens=40, temperature=0.8
             )
             for _ in range(3)
         ]
