@@ -69,7 +69,8 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: HTTPRequest, s
     params = with_structured(params, spec)
     parsers = partial(make_parser, plan.mode, plan.names, plan.named, state.tool_call_parser)
     with state.admitted(req.n) as reservation:
-        await state.tokenizer.run(check_structured, spec, param)
+        if spec is not None:  # free requests make no extra trip to the pool
+            await state.tokenizer.run(check_structured, spec, param)
         prompt = await state.tokenizer.encode_chat(message_dicts(req.messages), req.add_generation_prompt, plan.template_tools)
         request_id, gen = await start_generation(state, reservation, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl")
     tools = {"plan": plan, "make": parsers}

@@ -86,7 +86,9 @@ async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: Ser
     params = with_structured(params, spec)
     prompts, are_ids = prompt_batch(req.prompt)
     with state.admitted(len(prompts) * req.n) as reservation:
-        await state.tokenizer.run(check_structured, spec, "structured_outputs" if req.structured_outputs else "response_format")
+        if spec is not None:  # free requests make no extra trip to the pool
+            param = "structured_outputs" if req.structured_outputs else "response_format"
+            await state.tokenizer.run(check_structured, spec, param)
         if are_ids:
             token_lists = [list(p) for p in prompts]
         else:
