@@ -27,6 +27,7 @@ import yaml
 from tests.support.clients import Kubectl, wait_until
 from tests.support.cluster import Cluster
 from tests.support.kubelet import Node
+from tests.support.lws_crd import lws_crd
 from tests.support.operator_process import free_port
 from tests.unit.chart.helm import CHART, NAMESPACE, ROOT, Helm, one, operator_container
 from tests.unit.chart.scenarios import Access, allows
@@ -259,14 +260,6 @@ MULTINODE = yaml.safe_load((ROOT / "examples" / "vllm-llama-3-405b-multinode.yam
 MULTINODE["spec"]["autoscaling"] = {"enabled": False}  # the autoscaler's rights stay RESERVED
 
 
-def lws_crd() -> dict[str, Any]:
-    """The LeaderWorkerSet CRD of the pinned sigs.k8s.io/lws module (hack/fetch-lws-crd.sh)."""
-    path = subprocess.run(
-        [str(ROOT / "hack/fetch-lws-crd.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    return yaml.safe_load(Path(path).read_text())
-
-
 def serve_example(kubectl: Kubectl) -> None:
     kubectl.apply(SMOLLM2)
     wait_until(lambda: kubectl.deployment("smollm2"), timeout=60)
@@ -333,6 +326,9 @@ def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: P
         wait_until(lambda: k.get(lws), timeout=60)
         k.scale("vllm-llama-3-405b", 2)
         wait_until(lambda: k.get(lws)["spec"]["replicas"] == 2, timeout=60)
+        # Back within one node (16-GPU nodes): a Deployment again, and the LWS goes.
+        k.patch_llms("vllm-llama-3-405b", {"spec": {"resources": {"gpu": {"perNode": 16}}}})
+        wait_until(lambda: k.get(lws) is None and k.deployment("vllm-llama-3-405b"), timeout=60)
         k.scale("smollm2", 2)  # a change the operator must follow (patches its Deployment)
         wait_until(lambda: k.deployment("smollm2")["spec"]["replicas"] == 2, timeout=60)
         wait_until(lambda: k.pdb("smollm2"), timeout=60)

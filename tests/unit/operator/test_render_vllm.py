@@ -35,22 +35,13 @@ from llmservice.operator.vram import check_fit
 from llmservice.server.cli_args import BY_NAME
 
 from tests.support.golden import ROOT, UID, admitted, assert_golden, crd_schema, example, rendered
+from tests.support.lws_crd import lws_schema
 
 GOLDEN = Path(__file__).parent / "golden_vllm"
 FIXTURE = Path(__file__).parent / "fixtures/vllm-serve-args.txt"
 K8S_VERSION = "1.34.0"
 EXAMPLES = ["vllm-llama-3-8b", "vllm-llama-3-405b-multinode"]
 CRD_SCHEMA = crd_schema()
-
-
-@cache
-def lws_schema() -> dict[str, Any]:
-    path = subprocess.run(
-        [str(ROOT / "hack/fetch-lws-crd.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    crd = yaml.safe_load(Path(path).read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return version["schema"]["openAPIV3Schema"]
 
 
 @cache
@@ -316,3 +307,49 @@ def test_lws_status_reads_as_a_deployment_of_groups():
     # LWS has no observedGeneration: the rollout is judged by the replica counts alone.
     assert (view.generation, view.observed_generation) == (3, 3)
     assert (view.spec_replicas, view.ready_replicas, view.updated_replicas) == (2, 1, 2)
+
+
+class _Objects:
+    """Just enough of Kube for reconcile(): objects by path, every API discoverable."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    def apply(self, path: str, manifest: dict[str, Any], manager: str) -> dict[str, Any]:
+        stored = {**manifest, "metadata": {**manifest["metadata"], "generation": 1}}
+        self.objects[path] = stored
+        return stored
+
+    def delete(self, path: str) -> dict[str, Any] | None:
+        return self.objects.pop(path, None)
+
+    def has_resource(self, api_version: str, plural: str) -> bool:
+        return True
+
+    def kinds(self, name: str) -> set[str]:
+        return {o["kind"] for o in self.objects.values() if o["metadata"]["name"] == name}
+
+
+NAME_405B = "vllm-llama-3-405b"
+
+
+def test_past_one_node_and_back_swaps_the_workload_both_ways():
+    from llmservice.operator import reconcile as rc
+
+    obj = example("vllm-llama-3-405b-multinode")
+    obj["metadata"].update(namespace="default", uid=UID, generation=1)
+    kube, events = _Objects(), []
+    try:
+        rc.reconcile(obj, kube, Options(), lambda *e: events.append(e))
+        assert {"LeaderWorkerSet", "Service"} <= kube.kinds(NAME_405B)
+        assert "Deployment" not in kube.kinds(NAME_405B)
+        # 16-GPU nodes: the same 16 GPUs fit one node, so one pod per replica again.
+        obj["spec"]["resources"]["gpu"]["perNode"] = 16
+        rc.reconcile(obj, kube, Options(), lambda *e: events.append(e))
+    finally:
+        lws_support.record(None)  # type: ignore[arg-type]
+    assert "Deployment" in kube.kinds(NAME_405B) and "LeaderWorkerSet" not in kube.kinds(NAME_405B)
+    assert ("Normal", "Deleted", f"Deleted LeaderWorkerSet {NAME_405B} (back within one node)") in events
