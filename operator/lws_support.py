@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from llmservice.operator.engine_support import SUPPORTED, EngineSupport
+from llmservice.operator.kube import path_for
 from llmservice.operator.render_lws import LWS_API_VERSION, LWS_INSTALL, LWS_PLURAL
 from llmservice.operator.status import DeploymentView
 
@@ -51,6 +52,17 @@ def support() -> EngineSupport:
         f"{LWS_INSTALL}",
         reason=LWS_MISSING,
     )
+
+
+def delete_leftover(kube: Any, namespace: str, name: str) -> bool:
+    """A vllm object back within one node: its replicas are a Deployment again, so the
+    LeaderWorkerSet of its multi-node days goes (the garbage collector takes its pods).
+    True if there was one. No request where discovery said the API is absent."""
+    with _lock:
+        missing = _installed is False
+    if missing:
+        return False
+    return kube.delete(path_for(LWS_API_VERSION, LWS_PLURAL, namespace, name)) is not None
 
 
 def lws_view(body: dict[str, Any]) -> DeploymentView:

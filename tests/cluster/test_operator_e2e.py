@@ -4,9 +4,7 @@ its log and a timeout here), reconciling LLMServices on the real control plane."
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,50 +13,23 @@ import yaml
 from kubernetes import client
 
 from .binaries import REPO
+from .chart_operator import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Helm,
+    Operator,
+    condition,
+    installed_operator,
+    llms_api,
+)
 from .control_plane import ControlPlane
 from .fake_kubelet import FakeKubelet
-from .namespaces import create_namespace, delete_namespace
-from .nodes import start_node
-from .pod_status import NodeSpec
 from .waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
-GROUP, VERSION, PLURAL = "llmservice.dev", "v1alpha1", "llmservices"
-CHART = str(REPO / "charts" / "llmservice-operator")
 RELEASE = "llmservice"
-Helm = Callable[..., subprocess.CompletedProcess[str]]
-# The machine is small and shared: one thread per served model.
-NODE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-class Operator:
-    def __init__(self, namespace: str, node: FakeKubelet, control_plane: ControlPlane) -> None:
-        self.namespace = namespace
-        self.node = node
-        self.control_plane = control_plane
-        self.user = ""  # system:serviceaccount:NS:NAME, once installed
-
-    def requests(self, **match: str) -> list[dict[str, Any]]:
-        """Audit events of the operator's own requests whose objectRef matches `match`."""
-        return [
-            e
-            for e in self.control_plane.audit_events()
-            if e["user"]["username"] == self.user
-            and all(e.get("objectRef", {}).get(k) == v for k, v in match.items())
-        ]
-
-    def forbidden(self) -> list[str]:
-        """Every request of the operator the chart's RBAC refused."""
-        return [
-            f"{e['verb']} {e['requestURI']}"
-            for e in self.requests()
-            if e.get("responseStatus", {}).get("code") == 403
-        ]
-
-    def log(self) -> str:
-        logs = sorted((self.node.workdir or Path("/tmp")).glob(f"pods/{self.namespace}_*/*.log"))
-        return "\n".join(p.read_text(errors="replace")[-6000:] for p in logs)
 
 
 @pytest.fixture(scope="module")
@@ -70,36 +41,11 @@ def operator(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
     """`helm install` into its own namespace; a CPU node whose fake kubelet runs pods."""
-    core = client.CoreV1Api(kube_api)
-    ns = create_namespace(core, "llmservice-system")
-    node = start_node(
-        kube_api, NodeSpec(name="system-node", cpu="16", memory="64Gi"),
-        workdir=tmp_path_factory.mktemp("system-node"), access=control_plane.access(),
-        run_containers=True, env=NODE_ENV,
-    )  # fmt: skip
-    op = Operator(ns, node, control_plane)
-    try:
-        out = helm("install", RELEASE, CHART, "-n", ns, "--wait", "--timeout", "180s")
-        assert out.returncode == 0, f"{out.stderr}\noperator log:\n{op.log()}"
-        (pod,) = core.list_namespaced_pod(
-            ns, label_selector=f"app.kubernetes.io/instance={RELEASE}"
-        ).items
-        op.user = f"system:serviceaccount:{ns}:{pod.spec.service_account_name}"
+    with installed_operator(
+        helm, kube_api, control_plane, tmp_path_factory.mktemp("system-node"),
+        release=RELEASE, namespace="llmservice-system", node_name="system-node",
+    ) as op:  # fmt: skip
         yield op
-    finally:
-        helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "60s")
-        node.stop()
-        delete_namespace(core, ns)
-
-
-def llms_api(api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api)
-
-
-def condition(api: client.ApiClient, ns: str, name: str, type_: str) -> dict[str, Any]:
-    obj = llms_api(api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    found = [c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_]
-    return found[0] if found else {}
 
 
 def gpu_llmservice(name: str) -> dict[str, Any]:
@@ -252,6 +198,17 @@ def test_multi_node_vllm_waits_for_the_lws_crd_then_applies_a_leader_worker_set(
             lambda: condition(kube_api, namespace, name, "Ready").get("reason")
             != "LeaderWorkerSetMissing",
             what="LeaderWorkerSetMissing cleared",
+            timeout=60,
+        )
+        # Back within one node (16-GPU nodes): a Deployment again, and the LWS deleted.
+        back = {"spec": {"resources": {"gpu": {"perNode": 16}}}}
+        llms_api(kube_api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, back
+        )
+        apps = client.AppsV1Api(kube_api)
+        wait_for(
+            lambda: group() is None and apps.list_namespaced_deployment(namespace).items,
+            what="the Deployment back and the LeaderWorkerSet deleted",
             timeout=60,
         )
         assert not [f for f in operator.forbidden() if "leaderworkersets" in f]

@@ -78,10 +78,11 @@ llmservices/scale and reads pods (it scrapes their /metrics over plain HTTP, no 
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
-# Multi-node vLLM replicas (engine.kind vllm, docs/vllm.md): applied, watched for status.
+# Multi-node vLLM replicas (engine.kind vllm, docs/vllm.md): applied, watched for status,
+# deleted when the object is back within one node (a Deployment again).
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 # delete: spec.router turned off removes the pods' headless Service (docs/router.md).
 - apiGroups: [""]
   resources: [services]

@@ -38,8 +38,11 @@ OPERATOR_RULES = {
     ("llmservice.dev", "llmservices/scale"): {"get", "patch"},
     # delete: a vllm object that grows past one node swaps its Deployment for an LWS
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
-    # multi-node vllm replicas (docs/vllm.md): applied, watched for status
-    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch"},
+    # multi-node vllm replicas (docs/vllm.md): applied, watched for status, deleted when
+    # the object is back within one node
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {
+        "get", "list", "watch", "create", "patch", "delete",
+    },
     # delete: spec.router off removes the pods' headless Service
     ("", "services"): {"get", "create", "patch", "delete"},
     # the router's ServiceAccount, Role, RoleBinding (docs/router.md)
