@@ -9,9 +9,9 @@ exits or stops stamping its heartbeat is named in a `TPWorkerError` within secon
 
 from __future__ import annotations
 
-import atexit
 import logging
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 import pickle
 import signal
@@ -103,7 +103,10 @@ class TPExecutor:
                 target=run_worker,
                 args=(rank, size, config, f"tcp://{addr}:{port}", theirs, self.beats, level),
                 name=f"llmservice-tp-rank-{rank}",
-                daemon=True,
+                # not daemonic: the engine core that starts them is (daemons cannot have
+                # children); close() (atexit) ends them, and a rank whose engine is gone
+                # reads EOF on its pipe and exits
+                daemon=False,
             )
             proc.start()
             theirs.close()
@@ -111,7 +114,9 @@ class TPExecutor:
             self.procs.append(proc)
         self.ipc = IPCStats()
         self._closed = False
-        atexit.register(self.close)  # before multiprocessing's own exit hook ends the ranks
+        # run by multiprocessing's exit hook before it joins children, also in a spawned
+        # engine core (which ends with os._exit: atexit handlers never run there)
+        mp_util.Finalize(self, self.close, exitpriority=10)
         self.failure: str | None = None
         try:
             self.ready = [self._receive(rank, self.conns[rank].recv) for rank in range(size)]
