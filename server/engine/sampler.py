@@ -46,21 +46,25 @@ class SampleRow:
 
 @torch.inference_mode()  # the model's logits are inference tensors: in-place needs the mode
 def apply_bitmasks(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-    """Mask the constrained rows in place (xgrammar's kernel for the logits' device)."""
+    """Mask the constrained rows in place with xgrammar's kernel for the logits' device:
+    one [batch, vocab/32] int32 mask (free rows all ones, never read: `indices` names
+    the constrained rows), so no logits row is copied."""
     picked = [i for i, row in enumerate(rows) if row.bitmask is not None]
     if not picked:
         return
     import xgrammar as xgr
 
-    masks = torch.stack([rows[i].bitmask for i in picked]).to(logits.device, non_blocking=True)
-    vocab = logits.shape[-1]
-    if len(picked) == len(rows) and logits.is_contiguous():
-        xgr.apply_token_bitmask_inplace(logits, masks, vocab_size=vocab)
+    full = torch.full((len(rows), rows[picked[0]].bitmask.shape[-1]), -1, dtype=torch.int32)
+    for i in picked:
+        full[i] = rows[i].bitmask
+    full = full.to(logits.device, non_blocking=True)
+    indices = None if len(picked) == len(rows) else picked
+    if logits.is_contiguous():
+        xgr.apply_token_bitmask_inplace(logits, full, vocab_size=logits.shape[-1], indices=indices)
         return
-    index = torch.tensor(picked, device=logits.device)
-    sub = logits.index_select(0, index)
-    xgr.apply_token_bitmask_inplace(sub, masks, vocab_size=vocab)
-    logits.index_copy_(0, index, sub)
+    dense = logits.contiguous()  # the kernel wants a dense block
+    xgr.apply_token_bitmask_inplace(dense, full, vocab_size=logits.shape[-1], indices=indices)
+    logits.copy_(dense)
 
 
 class Sampler:

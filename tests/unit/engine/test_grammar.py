@@ -147,3 +147,13 @@ def test_request_whose_grammar_compiles_waits_without_blocking_others(engine):
     finally:
         compiler._compile = original
         gate.set()
+
+
+def test_strided_logits_are_masked_too():
+    logits = torch.zeros(64, 3).t()  # [3, 64], not contiguous
+    rows = [
+        SampleRow(SamplingParams(temperature=0)),
+        SampleRow(SamplingParams(temperature=0), bitmask=_mask_allowing(64, [9])),
+        SampleRow(SamplingParams(temperature=0)),
+    ]
+    assert [t for t, _ in Sampler()(logits, rows)] == [0, 9, 0]
