@@ -34,7 +34,8 @@ RESULTS = Path(__file__).parent / "results"
 
 def run(model: str, tp: int, work: list[tuple[list[int], int]]) -> dict:
     config = EngineConfig(model=model, tensor_parallel_size=tp, num_threads=1, max_model_len=1024,
-                          kv_cache_memory_gib=0.25, preemption_mode="recompute")  # fmt: skip
+                          kv_cache_memory_gib=0.25, preemption_mode="recompute",
+                          max_step_ms=0)  # token budget alone at both sizes (the step-time budget profiles a local model only)  # fmt: skip
     t0 = time.perf_counter()
     engine = LLMEngine.from_config(config)
     start_s = time.perf_counter() - t0

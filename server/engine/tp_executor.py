@@ -97,21 +97,27 @@ class TPExecutor:
         self.beats = ctx.Array("d", size, lock=False)
         self.conns, self.procs = [], []
         level = log_level if log_level is not None else logging.getLogger().getEffectiveLevel()
-        for rank in range(size):
-            ours, theirs = ctx.Pipe()
-            proc = ctx.Process(
-                target=run_worker,
-                args=(rank, size, config, f"tcp://{addr}:{port}", theirs, self.beats, level),
-                name=f"llmservice-tp-rank-{rank}",
-                # not daemonic: the engine core that starts them is (daemons cannot have
-                # children); close() (atexit) ends them, and a rank whose engine is gone
-                # reads EOF on its pipe and exits
-                daemon=False,
-            )
-            proc.start()
-            theirs.close()
-            self.conns.append(ours)
-            self.procs.append(proc)
+        # The API server's engine core is a daemonic process, which multiprocessing forbids
+        # to start children; this one ends its ranks itself (close, kill, the finalizer
+        # below, and a rank reads EOF when the engine is gone), so lift the flag meanwhile.
+        me = mp.current_process()
+        daemonic = me._config.get("daemon", False)
+        me._config["daemon"] = False
+        try:
+            for rank in range(size):
+                ours, theirs = ctx.Pipe()
+                proc = ctx.Process(
+                    target=run_worker,
+                    args=(rank, size, config, f"tcp://{addr}:{port}", theirs, self.beats, level),
+                    name=f"llmservice-tp-rank-{rank}",
+                    daemon=False,  # a daemonic engine core could not start daemons either
+                )
+                proc.start()
+                theirs.close()
+                self.conns.append(ours)
+                self.procs.append(proc)
+        finally:
+            me._config["daemon"] = daemonic
         self.ipc = IPCStats()
         self._closed = False
         # run by multiprocessing's exit hook before it joins children, also in a spawned
