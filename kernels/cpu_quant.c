@@ -129,37 +129,26 @@ static inline float hsum(__m256 v) {
 }
 
 /* One weight row (nb blocks) against MB activation rows (MB 1..4, a constant after
- * inlining): y[m] = sum_k w[k] x[m][k]. Two accumulators per row (four for MB 1) so the
- * FMA latency chain does not bound the loop. */
+ * inlining): y[m] = sum_k w[k] x[m][k]. Two accumulators per row, in the same order for
+ * every MB, so a row's result does not depend on how many rows share its pass (batch
+ * invariance: a token gets the same logits alone or in a batch of 100). */
 static inline __attribute__((always_inline)) void row_dot(
     int kind, const uint8_t *row, int64_t nb, int bb, const float *x, int64_t ldx, int MB, float *out) {
-    __m256 a[4][2], c[2];
+    __m256 a[4][2];
     for (int m = 0; m < 4; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();
-    c[0] = c[1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256 w[4];
         unpack_avx2(kind, row + b * bb, w);
         const float *xb = x + b * 32;
-        if (MB == 1) {
-            a[0][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), a[0][0]);
-            a[0][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), a[0][1]);
-            c[0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), c[0]);
-            c[1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), c[1]);
-        } else {
-            for (int m = 0; m < MB; m++) {
-                const float *xm = xb + m * ldx;
-                a[m][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xm), a[m][0]);
-                a[m][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xm + 8), a[m][1]);
-                a[m][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xm + 16), a[m][0]);
-                a[m][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xm + 24), a[m][1]);
-            }
+        for (int m = 0; m < MB; m++) {
+            const float *xm = xb + m * ldx;
+            a[m][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xm), a[m][0]);
+            a[m][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xm + 8), a[m][1]);
+            a[m][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xm + 16), a[m][0]);
+            a[m][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xm + 24), a[m][1]);
         }
     }
-    if (MB == 1) {
-        out[0] = hsum(_mm256_add_ps(_mm256_add_ps(a[0][0], a[0][1]), _mm256_add_ps(c[0], c[1])));
-    } else {
-        for (int m = 0; m < MB; m++) out[m] = hsum(_mm256_add_ps(a[m][0], a[m][1]));
-    }
+    for (int m = 0; m < MB; m++) out[m] = hsum(_mm256_add_ps(a[m][0], a[m][1]));
 }
 #endif
 

@@ -9,8 +9,8 @@ A `Packed` matrix is GGUF's own layout: [N, K] weights as N rows of K/32 blocks 
   scratch buffer and torch's GEMM multiplies it (compute-bound batches, where the GEMM's
   register tiling beats re-unpacking the blocks for every 4 activation rows).
 
-`choose_path` picks by the number of activation rows M (docs/cpu.md has the measurement
-behind `DEQUANT_GEMM_MIN_ROWS`). Both give the reference dequantizer's exact weights;
+`choose_path` says which one the model uses (always `direct`: batch invariance; see its
+docstring and docs/cpu.md for the measurement). Both give the reference dequantizer's exact weights;
 only the fp32 summation order differs from dequantize-then-F.linear.
 """
 
@@ -25,7 +25,7 @@ from llmservice.kernels import cpu_native
 Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGMLQuantizationType values
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 QK = 32
-DEQUANT_GEMM_MIN_ROWS = 64  # M at or above which dequant_gemm is used (docs/cpu.md)
+DEQUANT_GEMM_MIN_ROWS = 64  # M from which dequant_gemm was as fast as direct (measured, docs/cpu.md)
 SLAB_ELEMENTS = 1 << 16  # dequant_gemm: rows per slab so a slab (256 KiB of fp32) stays in L2
 
 
@@ -74,9 +74,14 @@ class Packed:
 
 
 def choose_path(m: int) -> str:
-    """'direct' for a few activation rows (bandwidth-bound), 'dequant_gemm' from
-    DEQUANT_GEMM_MIN_ROWS on (compute-bound)."""
-    return "dequant_gemm" if m >= DEQUANT_GEMM_MIN_ROWS else "direct"
+    """Always 'direct': its per-row summation order does not depend on M, and the engine's
+    exact-equality guarantees (a request's greedy tokens do not depend on what it was
+    batched with, on chunking or on recompute preemption) need that. 'dequant_gemm' was
+    even with it from M = DEQUANT_GEMM_MIN_ROWS (docs/cpu.md), but torch's GEMM sums in
+    another order, so switching by M flipped near-tied greedy tokens; it stays available
+    by name (benchmarks, `path=`)."""
+    del m
+    return "direct"
 
 
 _scratch = threading.local()

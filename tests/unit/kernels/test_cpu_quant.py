@@ -109,10 +109,17 @@ def test_refuses_what_it_cannot_compute():
         cpu_quant.matmul(torch.randn(1, 32), p)
 
 
-def test_path_choice_by_rows():
-    assert cpu_quant.choose_path(1) == "direct"
-    assert cpu_quant.choose_path(cpu_quant.DEQUANT_GEMM_MIN_ROWS - 1) == "direct"
-    assert cpu_quant.choose_path(cpu_quant.DEQUANT_GEMM_MIN_ROWS) == "dequant_gemm"
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_gives_the_same_bits_whatever_the_batch(kind):
+    """Batch invariance: row r of x @ W.T is bit-identical alone, at any position of a
+    batch of any size, which the engine's exact-equality tests rely on."""
+    raw = random_blocks(kind, 50, 576)
+    p = Packed(kind, raw, 576)
+    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(1))
+    full = cpu_quant.matmul(x, p)
+    for rows in (slice(5, 6), slice(0, 3), slice(2, 7), slice(1, 70)):
+        assert torch.equal(cpu_quant.matmul(x[rows], p), full[rows]), rows
+    assert all(cpu_quant.choose_path(m) == "direct" for m in (1, 4, 64, 2048))
 
 
 def test_threads_give_the_same_result():
