@@ -25,7 +25,7 @@ from llmservice.kernels import cpu_native
 Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGMLQuantizationType values
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 QK = 32
-DEQUANT_GEMM_MIN_ROWS = 64  # M from which dequant_gemm was as fast as direct (measured, docs/cpu.md)
+DEQUANT_GEMM_MIN_ROWS = 64  # from here dequant_gemm ran as fast as direct (docs/cpu.md)
 SLAB_ELEMENTS = 1 << 16  # dequant_gemm: rows per slab so a slab (256 KiB of fp32) stays in L2
 
 
