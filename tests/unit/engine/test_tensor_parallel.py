@@ -138,7 +138,8 @@ def tp3(models):
 def reference(models):
     """TP=1, everything off: whole prompts, no prefix cache, KV to spare."""
     eng = LLMEngine.from_config(EngineConfig(model=str(models["llama9"]), enable_prefix_caching=False,
-                                             enable_chunked_prefill=False, max_model_len=256, num_threads=1))  # fmt: skip
+                                             enable_chunked_prefill=False, max_model_len=256, num_threads=1,
+                                             max_step_ms=0))  # fmt: skip
     prompts, params = mixed_workload(eng.model_config.vocab_size)
     return prompts, params, [o.token_ids for o in eng.generate(prompts, params)]
 
