@@ -135,9 +135,7 @@ def nonnegative_least_squares(gram: list[list[float]], rhs: list[float]) -> list
 class StepCostModel:
     """Online fit of `Coefficients` from (StepShape, seconds) observations."""
 
-    def __init__(
-        self, decay: float = 0.995, prior_weight: float = 2.0, min_observations: int = 12
-    ):
+    def __init__(self, decay: float = 0.995, prior_weight: float = 2.0, min_observations: int = 12):
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay {decay} must be in (0, 1]")
         self.decay = decay

@@ -64,7 +64,9 @@ def test_seed_is_a_prior_the_online_fit_overrides():
     seeded = StepCostModel(decay=0.99)
     wrong = Coefficients(*(2 * c for c in TRUE.as_tuple()))
     seeded.seed([(s, wrong.predict(s)) for s in (random_step(rng) for _ in range(5))])
-    assert seeded.ready and seeded.predict(StepShape.of([(64, 0)])) == pytest.approx(wrong.predict(StepShape.of([(64, 0)])), rel=0.01)
+    assert seeded.ready and seeded.predict(StepShape.of([(64, 0)])) == pytest.approx(
+        wrong.predict(StepShape.of([(64, 0)])), rel=0.01
+    )
     for _ in range(600):
         shape = random_step(rng)
         seeded.observe(shape, TRUE.predict(shape))
