@@ -10,14 +10,20 @@ from llmservice.server.engine.messages import EngineStats
 from llmservice.server.metrics import CacheInfo, ServerMetrics
 
 
-def page(gaps: list[tuple[float, int]], steps: list[tuple[float, str, int]], target: float | None = None) -> str:
+def page(
+    gaps: list[tuple[float, int]], steps: list[tuple[float, str, int]], target: float | None = None
+) -> str:
     m = ServerMetrics("m", 2048, CacheInfo(16, 1000, 0, 0.9))
     for gap, n in gaps:
         for _ in range(n):
             m.on_tokens(1, gap)
     for seconds, kind, n in steps:
         for _ in range(n):
-            m.on_stats(EngineStats(step_tokens=10, step_seconds=seconds, step_kind=kind, step_target_seconds=target))
+            m.on_stats(
+                EngineStats(
+                    step_tokens=10, step_seconds=seconds, step_kind=kind, step_target_seconds=target
+                )
+            )
     return m.render().decode()
 
 
@@ -35,7 +41,8 @@ def test_spiky_itl_with_long_steps_recommends_max_step_ms():
     assert finding is not None and finding.rule == "itl-long-steps"
     target = finding.recommendation["engine"]["maxStepMs"]
     p50 = finding.evidence["itlP50Seconds"]
-    assert 2 * p50 * 1000 - 1 <= target <= 2 * p50 * 1000 + 10  # twice the median, rounded up to 10 ms
+    # twice the median, rounded up to 10 ms
+    assert 2 * p50 * 1000 - 1 <= target <= 2 * p50 * 1000 + 10
     assert finding.evidence["itlP99OverMedian"] > rules.ITL_P99_OVER_MEDIAN
     assert finding in rules.evaluate(snap(SPIKY_GAPS, SPIKY_STEPS), EngineSettings())
 
