@@ -61,7 +61,8 @@ def measure(servers, url: str, policy: str, bodies: list[dict], concurrency: int
 
 
 def compare(tmp_path: Path, words: int, per_prompt: int, max_model_len: int, kv_gib: float) -> dict:
-    args = ["--max-model-len", str(max_model_len), "--kv-cache-memory-gib", str(kv_gib)]
+    args = ["--max-model-len", str(max_model_len), "--kv-cache-memory-gib", str(kv_gib),
+            "--served-model-name", "m"]  # fmt: skip
     servers = [spawn_server(args, tmp_path / f"server-{i}.log") for i in range(3)]
     routers = []
     try:
