@@ -413,10 +413,12 @@ class Scheduler:
         now = self.clock()
         coefs = self.cost_model.coefficients
         self._schedule_running(plan, out, [r for r in self.running if self._is_decoding(r)])
+        decodes = self._planned_shape(plan)
         target = step_budget.resolve_target_s(
             cfg.max_step_ms, coefs, self._projected_decodes(), self.cost_model.ready
         )
-        decodes = self._planned_shape(plan)
+        if cfg.max_step_ms is None and not decodes.decode_tokens:
+            target = None  # the derived default protects running decodes; with none, a chunk only delays
         if target is not None and decodes.decode_tokens and coefs.predict(decodes) > target:
             self._count_overrun(target, coefs.predict(decodes), decodes.decode_tokens)
         if not plan.preempted:
@@ -441,7 +443,12 @@ class Scheduler:
                 needs.append((req.num_tokens - num_cached, num_cached))
         seconds = None if target is None else target - coefs.predict(self._planned_shape(plan))
         allotted = step_budget.share_prefill(
-            needs, seconds, plan.budget, coefs, must_progress=not plan.scheduled
+            needs,
+            seconds,
+            plan.budget,
+            coefs,
+            must_progress=not plan.scheduled,
+            min_tokens=step_budget.DEFAULT_MIN_PREFILL_TOKENS if cfg.max_step_ms is None else 0,
         )
         self._schedule_running(
             plan, out, partial, {r.request_id: g for r, g in zip(partial, allotted, strict=False)}

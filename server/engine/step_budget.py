@@ -8,8 +8,8 @@ Target (`--max-step-ms`):
   the engine is heading for (every running request plus the waiting ones, up to
   max-num-seqs, one token each at its current length). A decoding request's inter-token
   latency is the step time, so its p99 stays within about that multiple of a decode
-  step while its median is at least one decode step; with no decode to protect there is
-  no time limit;
+  step while its median is at least one decode step; with no decode running in the step
+  there is none to protect, so no time limit (chunking a lone prompt only delays it);
 - 0: no time budget (the fixed token budget alone, vLLM's rule).
 `--max-num-batched-tokens` caps the tokens of every step in all three.
 
@@ -25,6 +25,13 @@ candidates again in order. So a short prompt is never stuck behind long prefills
 least half of every step's room is open to it, and a lone long prompt still gets the
 whole room. If nothing at all would run, the first candidate gets MIN_PROGRESS_TOKENS
 (a step is never empty while work waits).
+
+Prefill floor (the derived default only): with the target unset, a step that has prompts
+waiting carries at least DEFAULT_MIN_PREFILL_TOKENS of prefill (token budget permitting),
+whatever the fit predicts. A young or skewed fit (seen under load: all of a step's cost put
+on attended pairs) would otherwise size chunks at a few tokens, and time-to-first-token
+and throughput would collapse while decodes gained nothing worth it. `--max-step-ms N`
+has no floor: it is the user's explicit target.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 from llmservice.server.engine.cost_model import Coefficients, StepShape, chunk_pairs
 
 DEFAULT_DECODE_MULTIPLE = 2.0
+DEFAULT_MIN_PREFILL_TOKENS = 256
 LONG_SHARE = 0.5
 MIN_PROGRESS_TOKENS = 16
 
@@ -98,9 +106,11 @@ def share_prefill(
     tokens: int,
     c: Coefficients,
     must_progress: bool = False,
+    min_tokens: int = 0,
 ) -> list[int]:
     """Tokens for each prefill candidate, given as (tokens it still needs, its first
-    position), in policy order, within `seconds` (None: no time limit) and `tokens`."""
+    position), in policy order, within `seconds` (None: no time limit) and `tokens`;
+    at least `min_tokens` in all (the default mode's floor), time permitting or not."""
     time_left = math.inf if seconds is None else max(0.0, seconds)
     token_left = max(0, tokens)
     long_time, long_tokens = time_left * LONG_SHARE, token_left * LONG_SHARE
@@ -124,6 +134,12 @@ def share_prefill(
             time_left -= chunk_cost(c, g, start + alloc[i])
             token_left -= g
             alloc[i] += g
+    floor = min(min_tokens, sum(need for need, _ in candidates), max(0, tokens))
+    for i, (need, _) in enumerate(candidates):  # the floor, in order
+        short = floor - sum(alloc)
+        if short <= 0:
+            break
+        alloc[i] += min(short, need - alloc[i])
     if must_progress and candidates and not any(alloc):
         alloc[0] = min(MIN_PROGRESS_TOKENS, candidates[0][0], max(0, tokens))
     return alloc

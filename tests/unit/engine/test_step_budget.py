@@ -103,3 +103,19 @@ def test_profile_shapes_fit_the_pool_and_the_cap(max_model_len, blocks, cap):
             assert sum(-(-(start + n) // 16) for n, start in shape) <= blocks
             assert sum(n for n, _ in shape) <= cap
             assert all(start + n <= max_model_len for n, start in shape)
+
+
+def test_default_mode_floor_keeps_prefill_moving_whatever_the_fit():
+    """A fit that prices attended pairs absurdly (seen under load) would allow a few tokens;
+    the default mode's floor still gives the waiting prompts DEFAULT_MIN_PREFILL_TOKENS."""
+    from llmservice.server.engine.cost_model import Coefficients
+    from llmservice.server.engine.step_budget import DEFAULT_MIN_PREFILL_TOKENS
+
+    skewed = Coefficients(0.0, 0.0, 0.0, 0.0115)
+    assert sum(share_prefill([(1000, 0)], 0.05, 2048, skewed)) < 10
+    floor = DEFAULT_MIN_PREFILL_TOKENS
+    assert share_prefill([(1000, 0)], 0.05, 2048, skewed, min_tokens=floor) == [floor]
+    # spread in policy order, never past a candidate's need or the token budget
+    assert share_prefill([(100, 0), (1000, 0)], 0.05, 2048, skewed, min_tokens=floor) == [100, floor - 100]
+    assert share_prefill([(1000, 0)], 0.05, 64, skewed, min_tokens=floor) == [64]
+    assert share_prefill([(30, 0)], 0.05, 2048, skewed, min_tokens=floor) == [30]
