@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import ConfigError, EngineConfig
-from llmservice.server.engine import memory, startup, step_profile
-from llmservice.server.engine import spec_decode
+from llmservice.server.engine import memory, spec_decode, startup, step_profile
 from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.engine.cost_model import StepCostModel, StepShape
 from llmservice.server.engine.grammar import GrammarCompilerService, GrammarStates
