@@ -40,8 +40,14 @@ def profile_shapes(
     return [s for s in shapes if sum(-(-(start + k) // bs) for k, start in s) <= num_blocks]
 
 
-def _step(requests: list[tuple[int, int]], block_size: int, first: bool) -> SchedulerOutput:
+def _step(
+    requests: list[tuple[int, int]], block_size: int, first: bool, vocab_size: int
+) -> SchedulerOutput:
+    """Scratch requests of arbitrary tokens; ids stay inside the model's vocabulary (the
+    hub tests' tiny models have a few hundred)."""
     out = SchedulerOutput()
+    low = 10 if vocab_size > 1010 else 0
+    span = min(1000, vocab_size - low)
     next_block = 0
     for i, (num_tokens, start) in enumerate(requests):
         rid = f"__profile-{i}"
@@ -49,7 +55,7 @@ def _step(requests: list[tuple[int, int]], block_size: int, first: bool) -> Sche
         out.scheduled.append(
             ScheduledRequest(
                 request_id=rid,
-                token_ids=[(7919 * (start + k + 1)) % 1000 + 10 for k in range(num_tokens)],
+                token_ids=[(7919 * (start + k + 1)) % span + low for k in range(num_tokens)],
                 start_position=start,
                 block_table_start=0,
                 new_block_ids=list(range(next_block, next_block + nblocks)),
@@ -92,7 +98,9 @@ def _measure(
     samples: list[tuple[StepShape, float]] = []
     known: set[str] = set()
     for requests in shapes:
-        out = _step(requests, config.block_size, first=True)
+        out = _step(
+            requests, config.block_size, first=True, vocab_size=runner.model.config.vocab_size
+        )
         out.new_requests = {rid: p for rid, p in out.new_requests.items() if rid not in known}
         known |= set(out.new_requests)
         if cuda or not samples:  # warm-up: CUDA compiles per shape; a CPU only once
