@@ -17,7 +17,8 @@ import os
 import ssl
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,16 @@ class ControlPlaneError(RuntimeError):
     pass
 
 
+def _terminate(comp: Component) -> None:
+    if comp.alive():
+        comp.process.terminate()
+    try:
+        comp.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        comp.process.kill()
+        comp.process.wait(timeout=5)
+
+
 @dataclass
 class ControlPlane:
     """A running control plane; `start()` returns one, `stop()` ends it."""
@@ -98,6 +109,7 @@ class ControlPlane:
     api_port: int = 0
     components: dict[str, Component] = field(default_factory=dict)
     startup_seconds: dict[str, float] = field(default_factory=dict)
+    etcd_url: str = ""
 
     @property
     def server(self) -> str:
@@ -131,7 +143,7 @@ class ControlPlane:
         self.write_kubeconfig(self.admin_kubeconfig, ADMIN_TOKEN, user="admin")
         (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         try:
-            etcd_url = self._start_etcd()
+            etcd_url = self.etcd_url = self._start_etcd()
             self._wait(lambda: _http_ok(f"{etcd_url}/health"), "etcd", t0, timeout)
             self.startup_seconds["etcd"] = time.monotonic() - t0
             self._start_apiserver(etcd_url)
@@ -158,20 +170,28 @@ class ControlPlane:
         hangs in its shutdown for the whole timeout.
         """
         for comp in reversed(list(self.components.values())):
-            if comp.alive():
-                comp.process.terminate()
-            try:
-                comp.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                comp.process.kill()
-                comp.process.wait(timeout=5)
+            _terminate(comp)
         self.components.clear()
+
+    @contextmanager
+    def apiserver_stopped(self, timeout: float = 180.0) -> Iterator[None]:
+        """kube-apiserver is down inside the block (SIGTERM, SIGKILL after 15 s: clients get
+        connection refused) and back after it, on the same port with the same flags,
+        certificates and etcd, ready again; etcd, the controller manager and the
+        scheduler keep running, as in an apiserver restart or upgrade."""
+        _terminate(self.components["kube-apiserver"])
+        try:
+            yield
+        finally:
+            t0 = time.monotonic()
+            self._start_apiserver(self.etcd_url)  # replaces the component, keeps its place
+            self._wait(self._apiserver_ready, "kube-apiserver after its restart", t0, timeout)
 
     # --- component start-up ----------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str]) -> Component:
         log = self.workdir / "logs" / f"{name}.log"
-        with log.open("wb") as fh:
+        with log.open("ab") as fh:  # a restarted component adds to its log
             proc = subprocess.Popen(
                 argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.workdir, env={**os.environ, "GOMAXPROCS": "2"},

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from tests.e2e.advisor_support import advise_during, server
+from tests.e2e.advisor_support import advise_during, advise_while, server
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +38,69 @@ def test_rule_1_short_answers_at_block_32(tmp_path):
 
     with server([*BASE, "--block-size", "16"], tmp_path) as url:  # the patch applied
         code, findings = advise_during(url, 30, prompts, max_tokens=10)
+    assert (code, findings) == (0, [])
+
+
+# 26 blocks of 16 tokens: 3 requests of 20 + 100 tokens (8 blocks each) fit, 8 are let in.
+# Short prompts make each preemption cheap to recompute, so they come fast enough on a CPU
+# to pass 5/min (2000-token prompts re-prefill for seconds each: ~2/min here, bench/
+# advisor_effect.py); the long-prompt branch is table-tested in the unit tier.
+SMALL_POOL = ["--max-model-len", "256", "--num-gpu-blocks-override", "26",
+              "--preemption-mode", "recompute"]  # fmt: skip
+
+
+def test_rule_2_preemptions_when_max_num_seqs_outgrows_the_pool(tmp_path):
+    prompts = _random_prompts(16, 20, seed=2)
+    with server([*SMALL_POOL, "--max-num-seqs", "8"], tmp_path) as url:
+        code, findings = advise_during(url, 90, prompts, max_tokens=100, concurrency=8)
+    assert code == 3 and [f["rule"] for f in findings] == ["preemptions"], findings
+    ev = findings[0]["evidence"]
+    assert ev["preemptionsPerMinute"] > 5 and ev["meanPromptTokens"] == 20
+    assert (ev["kvBlocks"], ev["blocksPerRequest"], ev["maxNumSeqs"]) == (26, 8, 8)
+    # 26 blocks // 8 blocks per request = 3 requests at once without preemption
+    assert findings[0]["recommendation"] == {"engine": {"maxNumSeqs": 3}}
+
+    with server([*SMALL_POOL, "--max-num-seqs", "3"], tmp_path) as url:  # the patch applied
+        code, findings = advise_during(url, 90, prompts, max_tokens=100, concurrency=8)
+    assert (code, findings) == (0, [])
+
+
+def test_rule_6_gpu_memory_utilization_above_092_with_preemptions(tmp_path):
+    """0.95 with preemptions: that finding and the preemptions one; the patch (0.90)
+    clears the first, and the preemptions stand (their own fix is rule 2's)."""
+    prompts = _random_prompts(16, 20, seed=6)
+    pool = [*SMALL_POOL, "--max-num-seqs", "8"]
+    with server([*pool, "--gpu-memory-utilization", "0.95"], tmp_path) as url:
+        code, findings = advise_during(url, 90, prompts, max_tokens=100, concurrency=8)
+    assert code == 3 and [f["rule"] for f in findings] == [
+        "preemptions",
+        "gpu-memory-utilization",
+    ], findings
+    f = findings[1]
+    assert f["evidence"]["gpuMemoryUtilization"] == 0.95
+    assert f["evidence"]["preemptionsPerMinute"] > 0
+    assert f["recommendation"] == {"resources": {"gpuMemoryUtilization": 0.9}}
+
+    with server([*pool, "--gpu-memory-utilization", "0.90"], tmp_path) as url:
+        code, findings = advise_during(url, 90, prompts, max_tokens=100, concurrency=8)
+    assert [f["rule"] for f in findings] == ["preemptions"], findings
+
+
+def test_rule_6_requests_wait_while_the_kv_cache_is_mostly_free(tmp_path):
+    """4 clients, maxNumSeqs 2, a big pool: a standing queue at both scrapes with the KV
+    cache nearly empty; the patch (maxNumSeqs 4) lets all four run, and the queue is gone."""
+    prompts = _random_prompts(16, 20, seed=7)
+    args = ["--max-model-len", "256", "--kv-cache-memory-gib", "0.25"]
+    with server([*args, "--max-num-seqs", "2"], tmp_path) as url:
+        code, findings = advise_while(url, 20, prompts, max_tokens=40, concurrency=4)
+    assert code == 3 and [f["rule"] for f in findings] == ["waiting-with-free-kv"], findings
+    ev = findings[0]["evidence"]
+    assert ev["waitingMin"] >= 1 and ev["kvCacheUsageMax"] < 0.5
+    assert (ev["runningMax"], ev["maxNumSeqs"]) == (2, 2)
+    assert findings[0]["recommendation"] == {"engine": {"maxNumSeqs": 4}}
+
+    with server([*args, "--max-num-seqs", "4"], tmp_path) as url:
+        code, findings = advise_while(url, 20, prompts, max_tokens=40, concurrency=4)
     assert (code, findings) == (0, [])
 
 

@@ -43,7 +43,7 @@ class Script:
 
 
 @dataclass
-class _Counter:
+class RateCounter:
     """A counter that grows at the current script's rate; continuous across script changes."""
 
     value: float = 0.0
@@ -98,7 +98,7 @@ class MetricsPods:
         self.port = port
         self._service_scripts: dict[str, Script] = {}
         self._pod_scripts: dict[str, Script] = {}
-        self._counters: dict[str, _Counter] = {}
+        self._counters: dict[str, RateCounter] = {}
         self._sites: dict[str, tuple[web.AppRunner, str]] = {}  # pod name -> (runner, ip)
         self._closing = asyncio.Event()
         self.scrapes: dict[str, int] = {}  # pod -> /metrics requests answered so far
@@ -138,7 +138,7 @@ class MetricsPods:
     def _preemptions(self, pod: str, scrape: int) -> float:
         """The counter now; a changed rate takes effect from this scrape on."""
         now = time.monotonic()
-        counter = self._counters.setdefault(pod, _Counter(since=now))
+        counter = self._counters.setdefault(pod, RateCounter(since=now))
         rate = self.script(pod).preemptions_per_minute
         if rate != counter.rate_per_minute:
             counter.retarget(rate, now)
