@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import common  # noqa: E402
-from llmservice.server.engine import sampler as sampler_module  # noqa: E402
-from llmservice.server.engine.grammar_spec import StructuredSpec  # noqa: E402
-from llmservice.server.engine.sampling_params import SamplingParams  # noqa: E402
+import common
+from llmservice.server.engine import sampler as sampler_module
+from llmservice.server.engine.grammar_spec import StructuredSpec
+from llmservice.server.engine.sampling_params import SamplingParams
 
 SCHEMA = {
     "type": "object",

@@ -157,7 +157,8 @@ def test_operator_rides_out_an_api_server_outage(
             # Nothing lost or duplicated; the same operator process throughout.
             assert uid(apps.read_namespaced_deployment) == children["deployment"]
             assert uid(core.read_namespaced_service) == children["service"]
-            assert len(apps.list_namespaced_deployment(namespace).items) == 1
+            model = f"llmservice.dev/service={NAME}"  # not the router's Deployment
+            assert len(apps.list_namespaced_deployment(namespace, label_selector=model).items) == 1
             # two replicas now: the reconciler added the PodDisruptionBudget, once
             wait_for(
                 lambda: len(policy.list_namespaced_pod_disruption_budget(namespace).items) == 1,

@@ -81,8 +81,10 @@ class Kubectl:
         return self.get(f"/apis/policy/v1/namespaces/{self.ns}/poddisruptionbudgets/{name}")
 
     def pods(self, instance: str) -> list[dict[str, Any]]:
+        """The model pods of LLMService `instance` (not its router's: they share the
+        app.kubernetes.io/instance label, not llmservice.dev/service)."""
         found = self.get(
-            f"/api/v1/namespaces/{self.ns}/pods?labelSelector=app.kubernetes.io/instance%3D{instance}"
+            f"/api/v1/namespaces/{self.ns}/pods?labelSelector=llmservice.dev/service%3D{instance}"
         )
         return (found or {}).get("items", [])
 

@@ -60,6 +60,7 @@ def test_restart_resumes_without_duplicating_children(fresh: Env):
     k = fresh.kubectl
     k.apply(llmservice("survivor", replicas=2, **GPU_8B))
     wait_until(lambda: k.condition("survivor", "Ready").get("status") == "True")
+    wait_until(lambda: k.llms("survivor")["status"].get("observedGeneration") == 1)
     deployment_uid = k.deployment("survivor")["metadata"]["uid"]
     service_uid = k.service("survivor")["metadata"]["uid"]
     created_before = [m for _, r, m in k.events("survivor") if r == "Created"]
@@ -70,11 +71,14 @@ def test_restart_resumes_without_duplicating_children(fresh: Env):
 
     wait_until(lambda: k.deployment("survivor")["spec"]["replicas"] == 3)
     wait_until(lambda: k.llms("survivor")["status"].get("readyReplicas") == 3)
-    assert k.llms("survivor")["status"]["observedGeneration"] == 2
+    wait_until(lambda: k.llms("survivor")["status"].get("observedGeneration") == 2)
     assert k.deployment("survivor")["metadata"]["uid"] == deployment_uid
     assert k.service("survivor")["metadata"]["uid"] == service_uid
     assert len(labelled(fresh, "/apis/apps/v1/namespaces/default/deployments", "survivor")) == 1
-    assert len(labelled(fresh, "/api/v1/namespaces/default/services", "survivor")) == 1
+    services = labelled(fresh, "/api/v1/namespaces/default/services", "survivor")
+    # two replicas: the router is on, <name> fronts it and <name>-pods the model pods
+    assert sorted(s["metadata"]["name"] for s in services) == ["survivor", "survivor-pods"]
+    assert k.deployment("survivor-router") is not None
     created_after = [m for _, r, m in k.events("survivor") if r == "Created"]
     assert created_after == created_before  # nothing was created twice
     assert len(k.pods("survivor")) == 3

@@ -163,11 +163,16 @@ async def _chat(client, stream: bool, **kwargs) -> tuple[str | None, list[dict],
     return content or None, [calls[i] for i in sorted(calls)], finish
 
 
-def test_json_schemas_validate_greedy_and_sampled_streamed_and_not(make_client):
+@pytest.mark.parametrize(
+    "temperatures",
+    [(0.0,), pytest.param((0.0, 0.8), marks=pytest.mark.e2e)],  # sampled too: `make e2e`
+    ids=["greedy", "greedy-and-sampled"],
+)
+def test_json_schemas_validate_greedy_and_sampled_streamed_and_not(make_client, temperatures):
     cases = [
         (name, temperature, stream)
         for name in SCHEMAS
-        for temperature in (0.0, 0.8)
+        for temperature in temperatures
         for stream in (False, True)
     ]
 

@@ -31,7 +31,10 @@ def one_by_one(make_engine, workload):
     return [eng.generate([p], [sp])[0].token_ids for p, sp in zip(prompts, params, strict=True)]
 
 
-@pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
+@pytest.mark.parametrize(
+    "block_size",
+    [8, *(pytest.param(b, marks=pytest.mark.e2e) for b in (16, 32, 64)), 128],  # ends: default tier
+)
 def test_batched_equals_one_by_one(make_engine, workload, one_by_one, block_size):
     eng = make_engine(block_size=block_size, max_num_batched_tokens=512)
     prompts, params = workload

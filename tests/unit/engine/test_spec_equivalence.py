@@ -111,7 +111,7 @@ FAST = {
         enable_prefix_caching=True, max_num_seqs=4, max_num_batched_tokens=7, block_size=8
     ),
     "recompute_bs32": dict(
-        num_gpu_blocks_override=6, block_size=32, max_model_len=128, preemption_mode="recompute"
+        num_gpu_blocks_override=4, block_size=32, max_model_len=128, preemption_mode="recompute"
     ),
 }
 
