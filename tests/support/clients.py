@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import kubernetes
 import yaml
 from llmservice.operator.kube import Kube
+from llmservice.operator.render import LABEL_SERVICE
 
 T = TypeVar("T")
 GROUP, VERSION, PLURAL = "llmservice.dev", "v1alpha1", "llmservices"
@@ -82,10 +83,8 @@ class Kubectl:
 
     def pods(self, instance: str) -> list[dict[str, Any]]:
         """The model pods of LLMService `instance` (not its router's: they share the
-        app.kubernetes.io/instance label, not llmservice.dev/service)."""
-        found = self.get(
-            f"/api/v1/namespaces/{self.ns}/pods?labelSelector=llmservice.dev/service%3D{instance}"
-        )
+        app.kubernetes.io/instance label, not LABEL_SERVICE)."""
+        found = self.get(f"/api/v1/namespaces/{self.ns}/pods?labelSelector={LABEL_SERVICE}%3D{instance}")
         return (found or {}).get("items", [])
 
     def events(self, name: str) -> list[tuple[str, str, str]]:
