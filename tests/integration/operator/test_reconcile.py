@@ -91,6 +91,8 @@ def test_spec_change_rolls_the_deployment(env):
             bool(names)
             and not names & old_pods
             and k.condition("rolling", "Ready")["status"] == "True"
+            # the new pods can be Ready before the reconcile that rolled them publishes
+            and k.llms("rolling")["status"].get("observedGeneration") == 2
         )
 
     wait_until(rolled)
