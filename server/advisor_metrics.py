@@ -11,12 +11,19 @@
   in the tokenizer (API worker pool) and the incremental detokenizer (engine core).
 - `llmservice:engine_config_info`: the scheduler's limits, labelled like vLLM's
   `vllm:cache_config_info`, so `llmservice advise URL` needs no spec file.
+- What a preemption costs on this machine (rule 2 prices it): the start-up measurement
+  (swap_space.PreemptionCosts), `llmservice:preemption_recompute_seconds_per_token`
+  (marginal prefill time per token) and, with swap space, `..._swap_seconds_per_token`
+  and `..._swap_fixed_seconds` (a round trip out and back in); and the computed tokens
+  the victims held, `llmservice:preempted_tokens_recompute_total` (prefill done again)
+  and `llmservice:preempted_tokens_swap_total` (KV copied out and back).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from llmservice.server.engine.messages import EngineStats
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LOOP_LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
@@ -57,7 +64,27 @@ class AdvisorMetrics:
             "llmservice:engine_config_info", "The engine's scheduler and cache configuration.",
             list(ENGINE_CONFIG_LABELS), registry=registry,
         )
+        self.preempted_recompute = Counter(
+            "llmservice:preempted_tokens_recompute",
+            "Computed tokens of requests preempted by recompute (prefilled again on resume).",
+            ["model_name"], registry=registry,
+        ).labels(**m)
+        self.preempted_swap = Counter(
+            "llmservice:preempted_tokens_swap",
+            "Computed tokens of requests preempted by swap (KV copied to CPU and back).",
+            ["model_name"], registry=registry,
+        ).labels(**m)
+        self._cost_gauges = {
+            key: Gauge(f"llmservice:preemption_{key}", doc, ["model_name"], registry=registry)
+            for key, doc in (
+                ("recompute_seconds_per_token", "Measured marginal prefill seconds per recomputed token."),
+                ("swap_seconds_per_token", "Measured seconds per token of a swap round trip (out and in)."),
+                ("swap_fixed_seconds", "Measured fixed seconds of a swap round trip, however few tokens."),
+            )
+        }  # fmt: skip
+        self._model = model_name
         self._potential, self._detok = 0, 0.0
+        self._preempted = (0, 0)
 
     def set_engine_config(self, config: Any) -> None:
         """From a resolved EngineConfig (max_model_len and max_num_batched_tokens filled)."""
@@ -74,9 +101,26 @@ class AdvisorMetrics:
         }
         self._engine_info.labels(**{k: str(v) for k, v in labels.items()}).set(1)
 
-    def on_engine_totals(self, potential_hits: int, detokenize_seconds: float) -> None:
+    def set_preemption_costs(
+        self, recompute_s_per_token: float | None, swap_s_per_token: float | None, swap_fixed_s: float | None
+    ) -> None:
+        """The start-up measurement; a cost that was not measured is not exported at all
+        (no swap space: no swap gauges), so a reader never mistakes a 0 for a price."""
+        for key, value in (
+            ("recompute_seconds_per_token", recompute_s_per_token),
+            ("swap_seconds_per_token", swap_s_per_token),
+            ("swap_fixed_seconds", swap_fixed_s),
+        ):
+            if value is not None:
+                self._cost_gauges[key].labels(model_name=self._model).set(value)
+
+    def on_engine_totals(self, stats: EngineStats) -> None:
         """The engine's cumulative counts after a step: add what is new."""
-        self.potential_hits.inc(max(0, potential_hits - self._potential))
-        self.detokenize_seconds.inc(max(0.0, detokenize_seconds - self._detok))
-        self._potential = max(self._potential, potential_hits)
-        self._detok = max(self._detok, detokenize_seconds)
+        self.potential_hits.inc(max(0, stats.prefix_potential_hits - self._potential))
+        self.detokenize_seconds.inc(max(0.0, stats.detokenize_seconds - self._detok))
+        self._potential = max(self._potential, stats.prefix_potential_hits)
+        self._detok = max(self._detok, stats.detokenize_seconds)
+        recompute, swap = stats.preempted_tokens_recompute, stats.preempted_tokens_swap
+        self.preempted_recompute.inc(max(0, recompute - self._preempted[0]))
+        self.preempted_swap.inc(max(0, swap - self._preempted[1]))
+        self._preempted = (max(self._preempted[0], recompute), max(self._preempted[1], swap))

@@ -137,7 +137,7 @@ class ServerMetrics:
         self.prefix_hits.inc(max(0, stats.prefix_hits - last.prefix_hits))
         if stats.step_tokens:
             self.iteration_tokens.observe(stats.step_tokens)
-        self.advisor.on_engine_totals(stats.prefix_potential_hits, stats.detokenize_seconds)
+        self.advisor.on_engine_totals(stats)
         self.steps.on_stats(stats)
         self.spec.on_totals(stats.spec_decode)
         self._last = stats

@@ -36,6 +36,12 @@ LOOP_BUSY_LAG = "llmservice:event_loop_busy_lag_seconds"
 TOKENIZE_SECONDS = "llmservice:tokenize_seconds_total"
 DETOKENIZE_SECONDS = "llmservice:detokenize_seconds_total"
 REQUESTS_FINISHED = "vllm:e2e_request_latency_seconds"
+# what a preemption costs, measured by our engine at start-up (server/advisor_metrics.py)
+PREEMPTED_RECOMPUTE = "llmservice:preempted_tokens_recompute_total"
+PREEMPTED_SWAP = "llmservice:preempted_tokens_swap_total"
+RECOMPUTE_S_PER_TOKEN = "llmservice:preemption_recompute_seconds_per_token"
+SWAP_S_PER_TOKEN = "llmservice:preemption_swap_seconds_per_token"
+SWAP_FIXED_S = "llmservice:preemption_swap_fixed_seconds"
 
 # thresholds (docs/advisor.md says why each)
 MIN_REQUESTS = 10
@@ -154,6 +160,53 @@ def block_size_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
 
 
 # ---- rule 2: preemptions ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PreemptionPrice:
+    """What the window's preemptions cost, from the engine's own measurement (our server
+    exports it; stock vLLM does not, and then this is None)."""
+
+    tokens_per_minute: float  # computed tokens the victims held (recompute + swap)
+    recompute_seconds_per_minute: float  # prefill redone, at the measured marginal cost
+    swap_seconds_per_minute: float | None  # the same victims swapped instead (None: swap not measured)
+
+    def evidence(self, rate: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "preemptedTokensPerMinute": _r(self.tokens_per_minute, 0),
+            "tokensPerPreemption": _r(self.tokens_per_minute / rate, 0) if rate else None,
+            "measuredRecomputeSecondsPerMinute": _r(self.recompute_seconds_per_minute, 3),
+        }
+        if self.swap_seconds_per_minute is not None:
+            out["measuredSwapSecondsPerMinute"] = _r(self.swap_seconds_per_minute, 3)
+        return out
+
+
+def preemption_price(snap: Snapshot, rate: float) -> PreemptionPrice | None:
+    recompute_tokens, swap_tokens = snap.increase(PREEMPTED_RECOMPUTE), snap.increase(PREEMPTED_SWAP)
+    per_token = snap.after.value(RECOMPUTE_S_PER_TOKEN)
+    if recompute_tokens is None or per_token is None or snap.seconds <= 0:
+        return None
+    tokens = (recompute_tokens + (swap_tokens or 0.0)) * 60.0 / snap.seconds
+    swap_per_token, swap_fixed = snap.after.value(SWAP_S_PER_TOKEN), snap.after.value(SWAP_FIXED_S)
+    swap = None
+    if swap_per_token is not None and swap_fixed is not None:
+        swap = rate * swap_fixed + tokens * swap_per_token
+    return PreemptionPrice(tokens, tokens * per_token, swap)
+
+
+def _price_arithmetic(price: PreemptionPrice | None) -> str:
+    """The measured cost, as a sentence the arithmetic ends with ('' when not measured)."""
+    if price is None:
+        return ""
+    text = (
+        f"; measured: recompute redoes {price.tokens_per_minute:.0f} tokens/min = "
+        f"{price.recompute_seconds_per_minute:.2f} s of prefill per minute "
+        f"({price.recompute_seconds_per_minute / 60:.1%} of the engine's time)"
+    )
+    if price.swap_seconds_per_minute is not None:
+        text += f", swapping them would take {price.swap_seconds_per_minute:.2f} s/min"
+    return text
+
+
 def preemption_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
     rate = snap.per_minute(PREEMPTIONS)
     if rate is None or rate <= PREEMPTIONS_PER_MINUTE:
@@ -167,8 +220,14 @@ def preemption_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
         "meanPromptTokens": None if mean_prompt is None else _r(mean_prompt, 1),
         "preemptionMode": s.preemption_mode,
     }
+    price = preemption_price(snap, rate)
+    if price is not None:
+        evidence.update(price.evidence(rate))
     if mean_prompt is not None and mean_prompt >= LONG_PROMPT_TOKENS and s.preemption_mode == "recompute":
         swap = max(s.swap_space_gib or 0.0, 4.0)
+        effect: dict[str, Any] = {"recomputedPromptTokensPerMinute": _r(rate * mean_prompt, 0)}
+        if price is not None:
+            effect["recomputeSecondsPerMinute"] = _r(price.recompute_seconds_per_minute, 3)
         return Finding(
             rule="preemptions",
             severity=WARNING,
@@ -179,11 +238,12 @@ def preemption_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
             evidence=evidence,
             recommendation={"engine": {"preemptionMode": "auto", "swapSpaceGiB": swap}},
             expected_effect={
-                "recomputedPromptTokensPerMinute": _r(rate * mean_prompt, 0),
+                **effect,
                 "arithmetic": (
                     f"each preemption under recompute re-prefills ~{mean_prompt:.0f} prompt tokens: "
                     f"{rate:.1f}/min x {mean_prompt:.0f} = {rate * mean_prompt:.0f} tokens/min of "
-                    "prefill that swap replaces with a KV copy"
+                    "prefill that swap replaces with a KV copy (auto measures both at start-up and "
+                    "takes the cheaper per victim)" + _price_arithmetic(price)
                 ),
             },
         )
@@ -214,13 +274,17 @@ def preemption_rule(snap: Snapshot, s: EngineSettings) -> Finding | None:
             "of load on this one; the autoscaler's preemption signal adds them"
         )
         summary = f"{rate:.0f} preemptions/min with short prompts: add replicas (autoscaling.enabled)"
+    arithmetic += _price_arithmetic(price)
+    short_effect: dict[str, Any] = {"preemptionsPerMinute": 0}
+    if price is not None:
+        short_effect["recomputeSecondsPerMinuteSaved"] = _r(price.recompute_seconds_per_minute, 3)
     return Finding(
         rule="preemptions",
         severity=WARNING,
         summary=summary,
         evidence=evidence,
         recommendation=recommendation,
-        expected_effect={"preemptionsPerMinute": 0, "arithmetic": arithmetic},
+        expected_effect={**short_effect, "arithmetic": arithmetic},
     )
 
 

@@ -87,6 +87,7 @@ def serve(args: argparse.Namespace) -> int:
         CacheInfo(info.block_size, info.num_gpu_blocks, info.num_cpu_blocks, info.gpu_memory_utilization),
     )
     metrics.advisor.set_engine_config(config.resolve_lengths(info.max_model_len))
+    metrics.advisor.set_preemption_costs(info.recompute_s_per_token, info.swap_s_per_token, info.swap_fixed_s)
     state.tokenizer.on_tokenize_seconds = metrics.advisor.tokenize_seconds.inc
     app = create_app(state, metrics)
     shown = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host

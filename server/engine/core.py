@@ -47,6 +47,8 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
         prefix_hits=sched.prefix_hits,
         prefix_potential_hits=sched.prefix_potential_hits,
         detokenize_seconds=engine.detokenize_seconds,
+        preempted_tokens_recompute=sched.preempted_tokens_recompute,
+        preempted_tokens_swap=sched.preempted_tokens_swap,
         step_tokens=engine.last_step.num_batched_tokens if stepped else None,
         step_seconds=engine.last_step.duration_s if stepped and engine.last_step.kind else None,
         step_kind=engine.last_step.kind if stepped else "",
@@ -151,6 +153,7 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
         outbox.put(EngineFailed(f"{type(exc).__name__}: {exc}"))
         return
     plan = engine.memory_plan
+    costs = engine.preemption_costs
     outbox.put(
         EngineReady(
             model_name=engine.model_name,
@@ -163,6 +166,9 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
             memory_plan=plan.describe(),
             load_seconds=engine.load_seconds,
             scheduling_policy=config.scheduling_policy,
+            recompute_s_per_token=costs.recompute_s_per_token if costs.measured else None,
+            swap_s_per_token=costs.swap_s_per_token if costs.swap_measured else None,
+            swap_fixed_s=costs.swap_fixed_s if costs.swap_measured else None,
         )
     )
     watch = getattr(engine.runner, "watch", None)

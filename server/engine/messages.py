@@ -51,6 +51,10 @@ class EngineReady:
     memory_plan: str
     load_seconds: float
     scheduling_policy: str
+    # measured at start-up (swap_space.PreemptionCosts); None where not measured
+    recompute_s_per_token: float | None = None
+    swap_s_per_token: float | None = None
+    swap_fixed_s: float | None = None
 
 
 @dataclass
@@ -83,6 +87,9 @@ class EngineStats:
     prefix_hits: int = 0  # cumulative, tokens
     prefix_potential_hits: int = 0  # cumulative, tokens a prefix cache would have served
     detokenize_seconds: float = 0.0  # cumulative, in the engine's incremental detokenizer
+    # cumulative computed tokens of preempted requests, by the mode that handled them
+    preempted_tokens_recompute: int = 0
+    preempted_tokens_swap: int = 0
     step_tokens: int | None = None  # tokens computed in this step; None when no step ran
     # the step-time budget (step_budget.py; metrics in server/step_metrics.py)
     step_seconds: float | None = None  # this step's wall time; None when no step ran

@@ -65,6 +65,9 @@ class SchedulerStats:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # of which found
     prefix_potential_hits: int = 0  # prompt tokens a prefix cache would have served (on or off)
+    # computed tokens the preempted requests held: what recompute re-prefills, what swap copies
+    preempted_tokens_recompute: int = 0
+    preempted_tokens_swap: int = 0
 
 
 class Scheduler:
@@ -145,6 +148,7 @@ class Scheduler:
             self.swap_space.num_free,
         )
         if mode == "swap":
+            self.stats.preempted_tokens_swap += victim.num_computed_tokens
             cpu_blocks = self.swap_space.allocate(n_blocks)
             out.swap_out.extend(
                 zip(self.bm.block_ids(victim.request_id)[:n_blocks], cpu_blocks, strict=True)
@@ -155,6 +159,7 @@ class Scheduler:
             self.bm.free(victim)
             self.swapped.append(victim)
             return
+        self.stats.preempted_tokens_recompute += victim.num_computed_tokens
         self.bm.free(victim)
         victim.status = RequestStatus.WAITING
         victim.num_computed_tokens = 0

@@ -48,6 +48,15 @@ class PreemptionCosts:
     prefill_tokens_per_s: float = 0.0
     copy_bytes_per_s: float = 0.0
 
+    @property
+    def measured(self) -> bool:
+        """Whether these are a start-up measurement (the defaults are placeholders)."""
+        return self.prefill_tokens_per_s > 0
+
+    @property
+    def swap_measured(self) -> bool:
+        return self.copy_bytes_per_s > 0
+
     def recompute_cost(self, num_tokens: int) -> float:
         return num_tokens * self.recompute_s_per_token
 

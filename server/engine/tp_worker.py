@@ -114,12 +114,10 @@ def build_rank(
     swap_space, swap_pools = startup.allocate_swap_space(
         config, runner.kv_caches, plan.kv_bytes_per_token
     )
-    costs = None
-    if config.preemption_mode == "auto":
-        costs = startup.measure_preemption_costs(
-            config, model, runner.kv_caches, swap_pools, plan.num_blocks,
-            swap_space.num_blocks, plan.kv_bytes_per_token,
-        )  # fmt: skip
+    costs = startup.measure_preemption_costs(  # every rank runs it: the prefill is collective
+        config, model, runner.kv_caches, swap_pools, plan.num_blocks,
+        swap_space.num_blocks, plan.kv_bytes_per_token,
+    )  # fmt: skip
     return (
         runner,
         RankReady(world.rank, plan, swap_space.num_blocks, load_seconds, costs),

@@ -59,6 +59,10 @@ def test_rule_2_preemptions_when_max_num_seqs_outgrows_the_pool(tmp_path):
     assert (ev["kvBlocks"], ev["blocksPerRequest"], ev["maxNumSeqs"]) == (26, 8, 8)
     # 26 blocks // 8 blocks per request = 3 requests at once without preemption
     assert findings[0]["recommendation"] == {"engine": {"maxNumSeqs": 3}}
+    # priced with the engine's own start-up measurement (recompute only: no swap space)
+    assert ev["preemptedTokensPerMinute"] > 0 and ev["measuredRecomputeSecondsPerMinute"] > 0
+    assert "measuredSwapSecondsPerMinute" not in ev
+    assert findings[0]["expectedEffect"]["recomputeSecondsPerMinuteSaved"] > 0
 
     with server([*SMALL_POOL, "--max-num-seqs", "3"], tmp_path) as url:  # the patch applied
         code, findings = advise_during(url, 90, prompts, max_tokens=100, concurrency=8)

@@ -61,6 +61,12 @@ def test_preemptions_rise_with_a_tiny_kv_pool(small_server):
     after = small_server.metrics()
     assert after["vllm:num_preemptions_total"] > before
     assert after["vllm:kv_cache_usage_perc"] == 0.0
+    # the advisor's price of a preemption: the victims' tokens and the measured recompute
+    # cost (no swap space under recompute, so no swap price rather than a 0)
+    assert after["llmservice:preempted_tokens_recompute_total"] > 0
+    assert after.get("llmservice:preempted_tokens_swap_total") == 0
+    assert 0 < after["llmservice:preemption_recompute_seconds_per_token"] < 1
+    assert "llmservice:preemption_swap_seconds_per_token" not in after
 
 
 def test_overload_gets_503_with_retry_after_and_memory_stays_bounded(small_server):

@@ -64,10 +64,16 @@ def test_outputs_identical(make_engine, mixed, reference, case):
         assert stats.prefix_hits > 0
     if "num_gpu_blocks_override" in CASES[case]:
         assert stats.num_preemptions > 0
+        # the victims' computed tokens, counted under the mode that handled each
+        assert stats.preempted_tokens_recompute + stats.preempted_tokens_swap > 0
     if case in ("swap", "auto"):
         assert stats.num_swap_outs > 0 and stats.num_swap_ins == stats.num_swap_outs
+        assert stats.preempted_tokens_swap >= stats.num_swap_outs
+    if CASES[case].get("preemption_mode", "recompute") == "recompute":
+        assert stats.preempted_tokens_swap == 0
     if case == "swap_tiny_pool_falls_back":
         assert stats.num_preemptions > stats.num_swap_outs  # some victims did not fit: recompute
+        assert stats.preempted_tokens_recompute > 0
     eng.block_manager.check_invariants()
     assert eng.block_manager.usage == 0.0
     assert eng.swap_space.num_free == eng.swap_space.num_blocks

@@ -202,3 +202,49 @@ def test_warnings_sort_before_info():
     found = rules.evaluate(snap, replace(GOOD, block_size=8, max_model_len=16384, max_num_seqs=6,
                                          gpu_memory_utilization=0.95, num_gpu_blocks=None))
     assert [f.severity for f in found] == sorted((f.severity for f in found), key=rules.SEVERITY_ORDER.get)
+
+
+def _priced(snap: Snapshot, recompute_tokens: float, swap_tokens: float, swap: bool) -> Snapshot:
+    """`snap` with our engine's preemption prices on both pages (stock vLLM has none)."""
+    gauges = {rules.RECOMPUTE_S_PER_TOKEN: 0.002}
+    if swap:
+        gauges |= {rules.SWAP_S_PER_TOKEN: 0.0001, rules.SWAP_FIXED_S: 0.01}
+    before = {rules.PREEMPTED_RECOMPUTE: 500.0, rules.PREEMPTED_SWAP: 0.0, **gauges}
+    after = {rules.PREEMPTED_RECOMPUTE: 500.0 + recompute_tokens, rules.PREEMPTED_SWAP: swap_tokens, **gauges}
+    return Snapshot(
+        Scrape({**snap.before.values, **before}, snap.before.histograms),
+        Scrape({**snap.after.values, **after}, snap.after.histograms),
+        snap.seconds,
+    )
+
+
+def test_preemptions_are_priced_with_the_engines_measured_costs():
+    """12k-token documents, 30 preemptions/min under recompute, 300k tokens redone in the
+    minute at a measured 2 ms/token: 600 s of prefill per minute, next to what swap
+    (10 ms + 0.1 ms/token, measured) would take: 30 x 0.01 + 300000 x 0.0001 = 30.3 s."""
+    snap = _priced(snapshot(prompt=12000, gen=300, preemptions=30), 300_000, 0, swap=True)
+    (f,) = rules.evaluate(snap, replace(GOOD, max_model_len=16384))
+    assert f.rule == "preemptions" and f.recommendation["engine"]["preemptionMode"] == "auto"
+    assert f.evidence["preemptedTokensPerMinute"] == 300_000
+    assert f.evidence["tokensPerPreemption"] == 10_000
+    assert f.evidence["measuredRecomputeSecondsPerMinute"] == 600.0
+    assert f.evidence["measuredSwapSecondsPerMinute"] == 30.3
+    assert f.expected_effect["recomputeSecondsPerMinute"] == 600.0
+    assert "600.00 s of prefill per minute" in f.expected_effect["arithmetic"]
+    assert "30.30 s/min" in f.expected_effect["arithmetic"]
+
+
+def test_without_swap_space_only_the_recompute_price_is_given():
+    snap = _priced(snapshot(prompt=150, gen=800, preemptions=20), 6000, 0, swap=False)
+    (f,) = rules.evaluate(snap, replace(GOOD, num_gpu_blocks=1000))
+    assert f.recommendation == {"engine": {"maxNumSeqs": 16}}
+    assert f.evidence["measuredRecomputeSecondsPerMinute"] == 12.0
+    assert "measuredSwapSecondsPerMinute" not in f.evidence
+    assert f.expected_effect["recomputeSecondsPerMinuteSaved"] == 12.0
+    assert "swapping" not in f.expected_effect["arithmetic"]
+
+
+def test_stock_vllm_preemptions_carry_no_price():
+    (f,) = rules.evaluate(snapshot(prompt=150, gen=800, preemptions=20), replace(GOOD, num_gpu_blocks=1000))
+    assert "measuredRecomputeSecondsPerMinute" not in f.evidence
+    assert "measured" not in f.expected_effect["arithmetic"]

@@ -21,8 +21,10 @@ def test_advisor_metrics_are_exported_and_read_back_as_settings():
     cfg = EngineConfig(model="builtin:smollm2-135m", block_size=32, max_num_seqs=64,
                        enable_prefix_caching=False).resolve_lengths(4096)
     m.advisor.set_engine_config(cfg)
-    m.on_stats(EngineStats(prefix_potential_hits=320, detokenize_seconds=0.5))
-    m.on_stats(EngineStats(prefix_potential_hits=480, detokenize_seconds=0.75))
+    m.on_stats(EngineStats(prefix_potential_hits=320, detokenize_seconds=0.5, preempted_tokens_recompute=100))
+    m.on_stats(EngineStats(prefix_potential_hits=480, detokenize_seconds=0.75, preempted_tokens_recompute=250,
+                           preempted_tokens_swap=64))
+    m.advisor.set_preemption_costs(0.004, None, None)  # no swap space: swap was not measured
     m.advisor.loop_lag.observe(0.003)
     m.advisor.tokenize_seconds.inc(0.25)
     page = parse(m.render().decode())
@@ -30,6 +32,11 @@ def test_advisor_metrics_are_exported_and_read_back_as_settings():
     assert page.value("llmservice:detokenize_seconds_total") == 0.75
     assert page.value("llmservice:tokenize_seconds_total") == 0.25
     assert page.histograms["llmservice:event_loop_lag_seconds"].count == 1
+    assert page.value("llmservice:preempted_tokens_recompute_total") == 250
+    assert page.value("llmservice:preempted_tokens_swap_total") == 64
+    assert page.value("llmservice:preemption_recompute_seconds_per_token") == 0.004
+    assert page.value("llmservice:preemption_swap_seconds_per_token") is None  # not a 0 price
+    assert page.value("llmservice:preemption_swap_fixed_seconds") is None
     s = engine_settings.from_metrics(page)
     assert (s.block_size, s.max_model_len, s.max_num_seqs, s.num_gpu_blocks) == (32, 4096, 64, 500)
     assert (s.enable_prefix_caching, s.enable_chunked_prefill, s.preemption_mode) == (False, True, "recompute")
