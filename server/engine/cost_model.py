@@ -12,11 +12,21 @@ q*p + q(q+1)/2. Fitted by least squares over exponentially decayed sufficient st
 weight (a step slowed by a noisy neighbour counts less) and the start-up profile as a
 prior that never decays (a direction the recent steps do not explore, e.g. prefill
 during a decode-only stretch, falls back to the profile instead of drifting).
+
+The prior must be plausible: a profile step slowed by something else (a first-use
+compile, a neighbour's burst; a soak once saw a 79 s profile whose fit put 11.5 ms on
+every attended pair and nothing on tokens) would otherwise bias that direction for
+good, since the prior never decays. So `seed` drops samples (leave-one-out) while its fit
+is off by more than PLAUSIBLE_RATIO on any, down to MIN_PRIOR_SAMPLES, and
+seeds nothing if the rest still disagree (the online fit then starts alone). With four
+terms and the profile's five shapes this can drop one sample; the profile also times
+every shape twice and keeps the faster (step_profile.py).
 Pure Python: four unknowns, a 4x4 solve per refit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +34,8 @@ TERMS = ("fixed", "prefill_token", "decode_token", "attended_pair")
 # Features are divided by these before fitting so the normal matrix is well conditioned.
 _SCALES = (1.0, 1024.0, 64.0, float(1 << 20))
 _RIDGE = 1e-9  # keeps the solve defined before every direction has been seen
+PLAUSIBLE_RATIO = 3.0  # a prior sample its fit predicts more than 3x off (either way) is dropped
+MIN_PRIOR_SAMPLES = 4  # with four terms, fewer points always fit: nothing left to check
 
 
 def chunk_pairs(num_tokens: int, start: int) -> int:
@@ -148,6 +160,7 @@ class StepCostModel:
         self._prior_rhs = [0.0] * n
         self.steps_seen = 0
         self.seeded = False
+        self.dropped: list[tuple[StepShape, float]] = []
         self.coefficients = Coefficients()
 
     @staticmethod
@@ -171,12 +184,42 @@ class StepCostModel:
 
     def seed(self, samples: Sequence[tuple[StepShape, float]]) -> Coefficients:
         """The start-up profile: a prior worth `prior_weight` steps in all (it shapes the fit
-        where recent steps say nothing; where they do, they win)."""
-        for shape, seconds in samples:
-            w = self.prior_weight / len(samples)
-            self._accumulate(self._prior_gram, self._prior_rhs, self._scaled(shape), seconds, w)
-        self.seeded = bool(samples)
+        where recent steps say nothing; where they do, they win). Implausible samples are
+        left out first (the module doc); `self.dropped` says which."""
+        kept = [(shape, seconds) for shape, seconds in samples if not shape.is_empty and seconds > 0]
+        self.dropped = []
+        while kept and self._worst_error(kept) > math.log(PLAUSIBLE_RATIO):
+            if len(kept) <= MIN_PRIOR_SAMPLES:  # what is left still disagrees: no prior at all
+                self.dropped += kept
+                kept = []
+                break
+            # leave one out: drop the sample without which the others agree best (the
+            # slowed sample pulls a least-squares fit its way, so it is not always the
+            # one the full fit predicts worst)
+            best = min(range(len(kept)), key=lambda i: self._worst_error(kept[:i] + kept[i + 1 :]))
+            self.dropped.append(kept.pop(best))
+        self._prior_gram, self._prior_rhs = self._prior_of(kept)
+        self.seeded = bool(kept)
         return self.refit()
+
+    def _worst_error(self, samples: Sequence[tuple[StepShape, float]]) -> float:
+        """The largest |log(predicted / measured)| of a fit to `samples` alone."""
+        fit = self._fit(*self._prior_of(samples))
+        return max(abs(math.log(max(fit.predict(shape), 1e-12) / seconds)) for shape, seconds in samples)
+
+    def _prior_of(self, samples: Sequence[tuple[StepShape, float]]) -> tuple[list[list[float]], list[float]]:
+        n = len(TERMS)
+        gram, rhs = [[0.0] * n for _ in range(n)], [0.0] * n
+        for shape, seconds in samples:
+            self._accumulate(gram, rhs, self._scaled(shape), seconds, self.prior_weight / len(samples))
+        return gram, rhs
+
+    @staticmethod
+    def _fit(gram: list[list[float]], rhs: list[float]) -> Coefficients:
+        n = len(TERMS)
+        regular = [[gram[i][j] + (_RIDGE if i == j else 0.0) for j in range(n)] for i in range(n)]
+        w = nonnegative_least_squares(regular, rhs)
+        return Coefficients(*(wi / s for wi, s in zip(w, _SCALES, strict=True)))
 
     def observe(self, shape: StepShape, seconds: float, refit: bool = True) -> None:
         if shape.is_empty or seconds <= 0:
@@ -201,16 +244,9 @@ class StepCostModel:
 
     def refit(self) -> Coefficients:
         n = len(TERMS)
-        gram = [
-            [
-                self._gram[i][j] + self._prior_gram[i][j] + (_RIDGE if i == j else 0.0)
-                for j in range(n)
-            ]
-            for i in range(n)
-        ]
+        gram = [[self._gram[i][j] + self._prior_gram[i][j] for j in range(n)] for i in range(n)]
         rhs = [self._rhs[i] + self._prior_rhs[i] for i in range(n)]
-        w = nonnegative_least_squares(gram, rhs)
-        self.coefficients = Coefficients(*(wi / s for wi, s in zip(w, _SCALES, strict=True)))
+        self.coefficients = self._fit(gram, rhs)
         return self.coefficients
 
     def predict(self, shape: StepShape) -> float:

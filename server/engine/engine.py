@@ -150,16 +150,16 @@ class LLMEngine:
         engine = cls(config, model, tokenizer, plan, load_seconds)
         if engine.scheduler.time_budget_on:
             engine.seed_cost_model()
-        if config.preemption_mode == "auto":
-            engine.scheduler.costs = startup.measure_preemption_costs(
-                config,
-                model,
-                engine.runner.kv_caches,
-                engine.swap_pools,
-                plan.num_blocks,
-                engine.swap_space.num_blocks,
-                plan.kv_bytes_per_token,
-            )
+        # in every mode: auto chooses by them, and the advisor prices preemptions with them
+        engine.scheduler.costs = startup.measure_preemption_costs(
+            config,
+            model,
+            engine.runner.kv_caches,
+            engine.swap_pools,
+            plan.num_blocks,
+            engine.swap_space.num_blocks,
+            plan.kv_bytes_per_token,
+        )
         return engine
 
     def seed_cost_model(self) -> None:
@@ -169,6 +169,9 @@ class LLMEngine:
             self.runner, self.config, self.memory_plan.num_blocks
         )
         c = self.cost_model.seed(samples)
+        for shape, seconds in self.cost_model.dropped:
+            log.warning("step cost model: left a start-up sample out of the prior, %s in %.1f ms: the other "
+                        "samples contradict it", shape, seconds * 1e3)  # fmt: skip
         log.info(
             "step cost model (start-up profile, %.2f s): %.2f ms + %.3f ms/prefill token + %.3f ms/decode "
             "token + %.3g ms/attended pair",

@@ -108,3 +108,42 @@ def test_coefficients_are_never_negative():
 def test_decay_out_of_range_is_refused():
     with pytest.raises(ValueError, match="decay 1.5"):
         StepCostModel(decay=1.5)
+
+
+# the start-up profile's five shapes on CPU (step_profile.profile_shapes at P=64, N=8)
+PROFILE = [
+    StepShape.of([(64, 0)]),
+    StepShape.of([(16, 0)]),
+    StepShape.of([(1, 64)] * 8),
+    StepShape.of([(1, 64)] * 2),
+    StepShape.of([(1, 64)] * 8 + [(32, 0)]),
+]
+
+
+@pytest.mark.parametrize("slowed", range(len(PROFILE)))
+def test_a_profile_step_slowed_by_something_else_is_left_out_of_the_prior(slowed):
+    """One profile step 50x slower (a first-use compile, a noisy neighbour): it is dropped,
+    and the prior is the other four, close to the truth instead of all on one term."""
+    samples = [(s, TRUE.predict(s) * (50 if i == slowed else 1)) for i, s in enumerate(PROFILE)]
+    model = StepCostModel()
+    model.seed(samples)
+    assert model.seeded and model.dropped == [samples[slowed]]
+    for i, (shape, _) in enumerate(samples):
+        if i != slowed:
+            assert model.predict(shape) == pytest.approx(TRUE.predict(shape), rel=0.01)
+
+
+def test_a_profile_with_no_consistent_core_seeds_nothing():
+    """Two of five samples off (100x and 1/100): four points cannot agree either way."""
+    samples = [(s, TRUE.predict(s)) for s in PROFILE]
+    samples[0] = (PROFILE[0], TRUE.predict(PROFILE[0]) / 100)
+    samples[2] = (PROFILE[2], TRUE.predict(PROFILE[2]) * 100)
+    model = StepCostModel(min_observations=12)
+    model.seed(samples)
+    assert not model.seeded and not model.ready and len(model.dropped) == len(PROFILE)
+
+
+def test_a_consistent_profile_is_kept_whole():
+    model = StepCostModel()
+    model.seed([(s, TRUE.predict(s) * f) for s, f in zip(PROFILE, (1.2, 0.9, 1.1, 1.0, 0.85), strict=True)])
+    assert model.seeded and model.dropped == []
