@@ -30,7 +30,7 @@ from llmservice.server.api.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from llmservice.server.api.serving import ServerState
+from llmservice.server.api.serving import ClientDisconnected, ServerState
 from llmservice.server.api.tokenizer_service import message_dicts
 from llmservice.server.metrics import ServerMetrics
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -71,6 +71,10 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException):
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnected)
+    async def _client_gone(_: Request, exc: ClientDisconnected):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):

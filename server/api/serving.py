@@ -205,6 +205,13 @@ async def start_generation(
         ]
         reservation.release()  # the engine client counts them now
         await engine.wait_accepted(streams)
+    except asyncio.CancelledError:
+        gen.close()
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() == 0:
+            # not this handler cancelled: the disconnect watch aborted the admission
+            raise ClientDisconnected() from None
+        raise
     except BaseException:
         gen.close()
         raise

@@ -10,7 +10,7 @@ import time
 import pytest
 from llmservice.server.api.engine_client import EngineClient
 from llmservice.server.api.errors import APIError
-from llmservice.server.api.serving import ServerState, start_generation
+from llmservice.server.api.serving import ClientDisconnected, ServerState, start_generation
 from llmservice.server.config import EngineConfig
 from llmservice.server.engine.sampling_params import SamplingParams
 
@@ -83,3 +83,27 @@ async def cancelled_while_waiting_for_the_engine() -> None:
 
 def test_a_cancelled_submission_releases_everything():
     asyncio.run(cancelled_while_waiting_for_the_engine())
+
+
+class LeavingClient:
+    """An HTTP request whose client disconnects before the engine accepted it."""
+
+    async def receive(self) -> dict:
+        await asyncio.sleep(0.01)
+        return {"type": "http.disconnect"}
+
+
+async def client_gone_before_acceptance() -> None:
+    state = make_state()
+    with state.admitted(1) as reservation:
+        with pytest.raises(ClientDisconnected):  # not a CancelledError out of the ASGI app
+            await start_generation(
+                state, reservation, LeavingClient(), [[1, 2, 3]], SamplingParams(max_tokens=4), 1, 0,
+                time.monotonic(), "cmpl",
+            )  # fmt: skip
+    assert state.idle and not state.engine.streams
+    assert [type(m).__name__ for m in state.engine.inbox] == ["AddRequest", "AbortRequests"]
+
+
+def test_a_client_gone_before_acceptance_is_a_disconnect_and_is_aborted():
+    asyncio.run(client_gone_before_acceptance())
