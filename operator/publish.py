@@ -88,11 +88,16 @@ class StatusPublisher:
             last = dict(body.get("status") or {})
         with self._guard:
             extra, extra_conditions = self._extra.get(key, ({}, []))
+        generation = request.observed_generation
+        # Conditions carry the generation a reconcile observed: a child's event (no
+        # generation of its own) may arrive before the reconcile of a new spec, and must
+        # not stamp the spec's new generation on conditions computed from the old rollout.
+        stamped = generation if generation is not None else last.get("observedGeneration")
+        meta = body["metadata"] if stamped is None else {**body["metadata"], "generation": stamped}
         update = rc.status_for(
-            {**body, "status": last}, self._options, deployment, pods, extra, extra_conditions
+            {**body, "metadata": meta, "status": last}, self._options, deployment, pods, extra, extra_conditions
         )
         patch = changed_fields(last, update.status)
-        generation = request.observed_generation
         if generation is not None and last.get("observedGeneration") != generation:
             patch["observedGeneration"] = generation
         if patch:

@@ -74,3 +74,21 @@ def test_a_request_during_a_publish_is_coalesced_not_lost():
     assert calls == ["slow", "fresh"]  # the running thread published the newer request too
     assert kube.patches[-1][1]["status"]["readyReplicas"] == 1
     assert kube.patches[0][1]["status"]["observedGeneration"] == 2
+
+
+def test_a_child_event_before_the_reconcile_keeps_the_observed_generation_on_conditions():
+    """Generation 3 was applied, its reconcile has not published yet; a pod event's publish
+    (no generation) stamps conditions with the last observed generation, 2, not 3."""
+    publisher, kube, events = make()
+    emit = lambda *e: events.append(e)  # noqa: E731
+    ready = DeploymentView(1, 1, 1, 1, 1, 1, 1)
+    publisher.publish(("ns", "m"), lambda: (BODY, ready, [PodView("p", "Running", True)]), emit, 2)
+    newer = {**BODY, "metadata": {**BODY["metadata"], "generation": 3}}
+    publisher.publish(("ns", "m"), lambda: (newer, DeploymentView(1, 1, 1, 1, 0, 0, 0), []), emit)
+    status = kube.patches[-1][1]["status"]
+    assert "observedGeneration" not in status
+    assert {c["observedGeneration"] for c in status["conditions"]} == {2}
+    publisher.publish(("ns", "m"), lambda: (newer, ready, [PodView("p", "Running", True)]), emit, 3)
+    status = kube.patches[-1][1]["status"]
+    assert status["observedGeneration"] == 3
+    assert {c["observedGeneration"] for c in status["conditions"]} == {3}
