@@ -5,7 +5,9 @@ client disconnects before the answer, against a small KV pool so the engine pree
 Every request is accounted for (ok, 503 with Retry-After, aborted by the client on
 purpose, or failed: must be 0). The server's RSS (API process + engine core) is sampled
 every --rss-every-s; at the end the engine must be idle with 0 KV blocks in use, and the
-RSS after warm-up may grow by less than --max-rss-growth. Writes JSON + PNG under
+RSS after warm-up may grow by less than --max-rss-growth. A request unanswered after
+--client-timeout-s (600) is failed, as a hang; completed ones report latency p50/p99/max
+per kind (a first 20-minute run with a 120 s client timeout failed one n=2 request on it). Writes JSON + PNG under
 bench/results/. Exit code 1 if a check fails.
 
     .venv/bin/python bench/soak.py --duration-s 1200          # what `make soak` runs
@@ -131,24 +133,29 @@ def _refused(r: httpx.Response) -> str:
 
 
 async def drive(url: str, duration_s: float, concurrency: int, rss_every_s: float, pid: int, model: str,
-                seed: int) -> dict:
+                seed: int, client_timeout_s: float) -> dict:
     outcomes: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     failures: list[str] = []
+    latencies: dict[str, list[float]] = {}
     samples: list[tuple[float, int]] = []
     t0 = time.monotonic()
     stop_at = t0 + duration_s
 
     async def worker(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
-        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=client_timeout_s) as http:
             while time.monotonic() < stop_at:
                 kind = rng.choice(KINDS)
                 kinds[kind] += 1
+                started = time.monotonic()
                 outcome = await one_request(http, kind, rng, model)
+                took = time.monotonic() - started
                 outcomes[outcome.split(":", 1)[0]] += 1
+                if outcome == "ok":
+                    latencies.setdefault(kind, []).append(took)
                 if outcome.startswith("failed"):
-                    failures.append(f"{kind}: {outcome}")
+                    failures.append(f"{kind} after {took:.1f} s: {outcome}")
 
     async def sampler() -> None:
         while time.monotonic() < stop_at:
@@ -157,7 +164,15 @@ async def drive(url: str, duration_s: float, concurrency: int, rss_every_s: floa
 
     await asyncio.gather(sampler(), *(worker(i) for i in range(concurrency)))
     samples.append((time.monotonic() - t0, rss_bytes(pid)))
-    return {"outcomes": dict(outcomes), "kinds": dict(kinds), "failures": failures[:50], "rss": samples}
+    return {"outcomes": dict(outcomes), "kinds": dict(kinds), "failures": failures[:50], "rss": samples,
+            "ok_latency_s": {kind: latency_summary(v) for kind, v in sorted(latencies.items())}}
+
+
+def latency_summary(values: list[float]) -> dict[str, float]:
+    """p50 / p99 / max of one kind's completed requests, in seconds."""
+    v = sorted(values)
+    return {"n": len(v), "p50": round(v[len(v) // 2], 2), "p99": round(v[min(len(v) - 1, int(0.99 * len(v)))], 2),
+            "max": round(v[-1], 2)}
 
 
 def wait_idle(url: str, timeout_s: float) -> tuple[float, float]:
@@ -198,6 +213,8 @@ def main() -> int:
     p.add_argument("--rss-every-s", type=float, default=10)
     p.add_argument("--max-rss-growth", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client-timeout-s", type=float, default=600,
+                   help="a request still unanswered after this is failed (a hang), not slow")
     p.add_argument("--out", default=str(RESULTS / "soak"), help="path prefix of the JSON and PNG")
     p.add_argument(
         "server_args", nargs="*", help="more `llmservice serve` options, after `--`"
@@ -230,7 +247,7 @@ def main() -> int:
             time.sleep(0.5)
         before = httpx.get(url + "/metrics", timeout=10).text
         run = asyncio.run(drive(url, args.duration_s, args.concurrency, args.rss_every_s, server.pid, model,
-                                args.seed))
+                                args.seed, args.client_timeout_s))
         busy, kv = wait_idle(url, 60)
         after = httpx.get(url + "/metrics", timeout=10).text
     finally:
@@ -262,6 +279,8 @@ def main() -> int:
         print(f"{'ok ' if ok else 'FAIL'} {name}")
     print(f"sent {sent}: {run['outcomes']}; preemptions {preemptions:.0f}; RSS growth {growth:+.2%}; "
           f"{args.out}.json / .png")
+    for kind, lat in run["ok_latency_s"].items():
+        print(f"  {kind}: {lat['n']} ok, latency p50 {lat['p50']} s, p99 {lat['p99']} s, max {lat['max']} s")
     return 0 if report["passed"] else 1
 
 
