@@ -82,7 +82,7 @@ def test_greedy_tokens_match_torch_path(monkeypatch, triton_calls):
     }
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # ~70 s of Triton interpreter on 2 cores: make e2e (make test's time)
 @pytest.mark.timeout(1800)  # minutes of interpreter time; more on a shared machine
 def test_chunked_prefill_and_prefix_hits_match_torch_path(monkeypatch, triton_calls):
     """Small token budget: prompts are prefilled in chunks next to running decodes; the
