@@ -27,6 +27,8 @@ from llmservice.operator.scrape import pod_target
 from llmservice.operator.spec import API_VERSION, GROUP, PLURAL, VERSION, LLMServiceSpec
 from llmservice.operator.status import deployment_view, pod_view
 
+from llmservice.pod_address import address_map
+
 
 def llms_path(namespace: str, name: str) -> str:
     return k.path_for(API_VERSION, PLURAL, namespace, name)
@@ -226,6 +228,7 @@ def register_autoscaler(
     """The autoscaling loop: one asyncio task for the whole operator (see autoscale_loop.py
     for why it is not a per-object timer or daemon: those put finalizers on LLMServices)."""
     loop = AutoscaleLoop(kube, publisher)
+    pod_addresses = address_map()  # unset in a real cluster (llmservice/pod_address.py)
 
     @kopf.index("", "v1", "pods", id="llms_scrape_targets", labels=CHILD_LABELS, registry=registry)
     def llms_scrape_targets(
@@ -233,7 +236,7 @@ def register_autoscaler(
     ) -> Any:
         if labels.get(WORKER_INDEX, "0") != "0":
             return None  # an LWS worker serves no HTTP; the leader's /metrics covers its group
-        return {(namespace, labels[LABEL_SERVICE]): pod_target(dict(body))}
+        return {(namespace, labels[LABEL_SERVICE]): pod_target(dict(body), pod_addresses)}
 
     @kopf.on.startup(id="autoscaler", registry=registry)
     async def start_autoscaler(

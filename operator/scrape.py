@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmservice.pod_address import Rewrite, host_of
+
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # vLLM < 0.10
 WAITING = "vllm:num_requests_waiting"
@@ -54,8 +56,9 @@ class PodTarget:
         return not self.ready and not self.terminating
 
 
-def pod_target(body: dict[str, Any]) -> PodTarget:
-    """From a Pod object: its IP, the container port named `http` (else the first), Ready."""
+def pod_target(body: dict[str, Any], rewrite: Rewrite | None = None) -> PodTarget:
+    """From a Pod object: its IP (rewritten by `rewrite`, see llmservice.pod_address), the
+    container port named `http` (else the first), Ready."""
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status") or {}
     port = DEFAULT_PORT
     ports = [p for c in spec.get("containers") or [] for p in c.get("ports") or []]
@@ -74,7 +77,7 @@ def pod_target(body: dict[str, Any]) -> PodTarget:
     return PodTarget(
         uid=meta.get("uid", meta.get("name", "")),
         name=meta.get("name", ""),
-        ip=status.get("podIP") or None,
+        ip=host_of(status["podIP"], rewrite) if status.get("podIP") else None,
         port=port,
         ready=ready and status.get("phase") == "Running",
         terminating=bool(meta.get("deletionTimestamp")),

@@ -11,39 +11,25 @@ yet and appear in no slice: held requests just keep waiting for them.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmservice.pod_address import address_map, host_of
+
+__all__ = ["Endpoint", "SliceWatcher", "address_map", "pods_from_slices"]
+
 log = logging.getLogger(__name__)
 
 SERVICE_LABEL = "kubernetes.io/service-name"
-# Hosts-as-pods test clusters (tests/cluster's fake kubelet) publish routable pod IPs
-# that really listen on loopback: "10.=127." rewrites one address prefix to another.
-ADDRESS_MAP_ENV = "LLMSERVICE_ROUTER_ADDRESS_MAP"
 
 
 @dataclass(frozen=True)
 class Endpoint:
     pod: str  # the pod's name (targetRef), the same in every router replica
     url: str  # http://ip:port
-
-
-def _address(ip: str, rewrite: tuple[str, str] | None) -> str:
-    if rewrite and ip.startswith(rewrite[0]):
-        ip = rewrite[1] + ip[len(rewrite[0]) :]
-    return f"[{ip}]" if ":" in ip else ip
-
-
-def address_map(value: str | None = None) -> tuple[str, str] | None:
-    value = os.environ.get(ADDRESS_MAP_ENV, "") if value is None else value
-    if "=" not in value:
-        return None
-    old, _, new = value.partition("=")
-    return old, new
 
 
 def pods_from_slices(
@@ -68,7 +54,7 @@ def pods_from_slices(
             if not addresses:
                 continue
             name = (ep.get("targetRef") or {}).get("name") or addresses[0]
-            found[name] = Endpoint(name, f"http://{_address(addresses[0], rewrite)}:{port}")
+            found[name] = Endpoint(name, f"http://{host_of(addresses[0], rewrite)}:{port}")
     return found
 
 

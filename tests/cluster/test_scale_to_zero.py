@@ -38,7 +38,7 @@ GROUP, VERSION, PLURAL = "llmservice.dev", "v1alpha1", "llmservices"
 NODE_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
-    "LLMSERVICE_ROUTER_ADDRESS_MAP": "10.=127.",
+    "LLMSERVICE_POD_ADDRESS_MAP": "10.=127.",  # the router's and the operator's (pod_address.py)
 }
 BURST = 6
 
@@ -109,7 +109,7 @@ def test_idle_to_zero_then_a_burst_wakes_it_and_nothing_is_lost(
     custom = client.CustomObjectsApi(kube_api)
     figures: dict[str, Any] = {}
     try:
-        with OperatorProcess(control_plane.admin_kubeconfig, tmp_path / "operator.log"):
+        with OperatorProcess(control_plane.admin_kubeconfig, tmp_path / "operator.log", env=NODE_ENV):
             custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, llmservice("zero")
             )
@@ -175,7 +175,7 @@ def test_held_past_the_timeout_gets_504_while_pods_are_pending(
                       env=NODE_ENV, routed_pod_ips=True)  # fmt: skip
     custom = client.CustomObjectsApi(kube_api)
     try:
-        with OperatorProcess(control_plane.admin_kubeconfig, tmp_path / "operator.log"):
+        with OperatorProcess(control_plane.admin_kubeconfig, tmp_path / "operator.log", env=NODE_ENV):
             obj = llmservice("never", replicas=0, router={"holdTimeoutSeconds": 3},
                              scheduling={"nodeSelector": {"no-such-node": "true"}})  # fmt: skip
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, obj)

@@ -17,10 +17,13 @@ from tests.support.ports import free_port  # noqa: F401 - re-exported for the te
 class OperatorProcess:
     """`with OperatorProcess(kubeconfig, log) as op:` starts and waits for kopf's liveness."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, *extra_args: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, log_path: Path, *extra_args: str, env: dict[str, str] | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.extra_args = list(extra_args)
+        self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.liveness = ""  # kopf's /healthz URL, once started
 
@@ -32,7 +35,7 @@ class OperatorProcess:
             "--all-namespaces", "--liveness", liveness,
             *self.extra_args,
         ]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

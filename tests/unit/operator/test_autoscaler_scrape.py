@@ -19,6 +19,8 @@ from llmservice.operator.scrape import (
 )
 from llmservice.server.metrics import CacheInfo, ServerMetrics
 
+from llmservice.pod_address import address_map
+
 NEW = """# TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{model_name="m"} 0.42
 # TYPE vllm:num_requests_waiting gauge
@@ -117,6 +119,10 @@ def test_pod_target_reads_ip_port_and_readiness():
     assert (pending.ip, pending.port, pending.ready, pending.starting) == (None, 8000, False, True)
     gone = pod_target({"metadata": {"uid": "u3", "name": "p", "deletionTimestamp": "x"}})
     assert gone.terminating and not gone.starting
+    # a hosts-as-pods test cluster's routable IP, dialled on loopback (llmservice/pod_address.py)
+    assert pod_target(pod, address_map("10.=127.")).url == "http://127.0.0.7:8123/metrics"
+    v6 = {**pod, "status": {**pod["status"], "podIP": "fd00::7"}}
+    assert pod_target(v6).url == "http://[fd00::7]:8123/metrics"
 
 
 def _free_port() -> int:
