@@ -4,7 +4,8 @@
    completions for `--seconds`, first straight to a fake pod, then through
    `llmservice router` in front of three fake pods; every pod answers the same fixed
    SSE stream (8 events). Added p50/p99 = the router run's percentile minus the
-   direct run's (same client, same schedule). Target: added p99 <= 2 ms.
+   direct run's (same client, same schedule). Target: added p99 <= 2 ms. The router
+   runs on uvloop (its default when installed) and again on plain asyncio.
 2. Hit rate: 8 shared system prompts x 25 requests, through the router with
    --policy prefix and --policy round-robin, and all on one pod (the ceiling). A hit
    is a request whose prefix key the pod that served it had seen before (an
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -161,10 +163,10 @@ async def wait_up(url: str) -> None:
     raise RuntimeError(f"{url} never came up")
 
 
-def start_router(pods: list[str], policy: str) -> tuple[subprocess.Popen, str]:
+def start_router(pods: list[str], policy: str, event_loop: str = "auto") -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [str(BIN), "router", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-           "--log-level", "warning"] + [a for p in pods for a in ("--backend", p)]  # fmt: skip
+           "--log-level", "warning", "--event-loop", event_loop] + [a for p in pods for a in ("--backend", p)]  # fmt: skip
     return subprocess.Popen(cmd), f"http://127.0.0.1:{port}"
 
 
@@ -207,6 +209,8 @@ async def hit_rates(pods: list[str], prompts: list[str], per_prompt: int) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> dict:
+    # the router's default loop first (uvloop when installed), then plain asyncio for comparison
+    loops = ["uvloop", "asyncio"] if importlib.util.find_spec("uvloop") else ["asyncio"]
     ports = [free_port() for _ in range(3)]
     env = dict(os.environ, PYTHONPATH="")
     pods_proc = subprocess.Popen(
@@ -218,14 +222,17 @@ async def main_async(args: argparse.Namespace) -> dict:
             await wait_up(pod + "/stats")
         prompts = [f"system prompt {i}: " + "policy text " * 200 for i in range(8)]
         direct = await open_loop(pods[0], args.rate, args.seconds, prompts)
-        proc, url = start_router(pods, "prefix")
-        try:
-            await wait_up(url + "/healthz")
-            await open_loop(url, args.rate, 1.0, prompts)  # warm connections
-            routed = await open_loop(url, args.rate, args.seconds, prompts)
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        routed_by_loop: dict[str, list[float]] = {}
+        for event_loop in loops:
+            proc, url = start_router(pods, "prefix", event_loop)
+            try:
+                await wait_up(url + "/healthz")
+                await open_loop(url, args.rate, 1.0, prompts)  # warm connections
+                routed_by_loop[event_loop] = await open_loop(url, args.rate, args.seconds, prompts)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+        routed = routed_by_loop[loops[0]]
         rates = await hit_rates(pods, prompts, 25)
     finally:
         pods_proc.terminate()
@@ -241,6 +248,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         "added_ms": {
             "p50": (pct(routed, 50) - pct(direct, 50)) * ms,
             "p99": (pct(routed, 99) - pct(direct, 99)) * ms,
+        },
+        "event_loop": loops[0],
+        "added_ms_by_event_loop": {
+            loop: {"p50": (pct(v, 50) - pct(direct, 50)) * ms, "p99": (pct(v, 99) - pct(direct, 99)) * ms}
+            for loop, v in routed_by_loop.items()
         },
         "hit_rate": rates,
         "prefix_vs_single_pod": rates["prefix"] / rates["single-pod"],

@@ -52,6 +52,12 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         help="a held request sets the LLMService's replicas 0 -> 1 (scale subresource)",
     )
     p.add_argument("--drain-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="auto: uvloop when installed (as uvicorn's --loop auto), else asyncio",
+    )
     p.add_argument("--log-level", default="info")  # fmt: skip
 
 
@@ -150,4 +156,18 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    return asyncio.run(serve(args))
+    return run_on(args.event_loop, serve(args))
+
+
+def run_on(event_loop: str, main_coro) -> int:
+    """Run the router's main coroutine on the chosen event loop. uvloop's loop (libuv)
+    does the proxy's per-request socket work in C; bench/router.py measures both."""
+    if event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise SystemExit("--event-loop uvloop: uvloop is not installed") from None
+        else:
+            return uvloop.run(main_coro)
+    return asyncio.run(main_coro)

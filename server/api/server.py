@@ -86,6 +86,10 @@ def run_server(app, state: ServerState, host: str, port: int, grace_s: float, lo
         log_level=log_level,
         timeout_graceful_shutdown=5,  # after draining only idle/last-bytes connections remain
         access_log=False,
+        # asyncio, not uvicorn's "auto" (uvloop once installed, as it is for the router):
+        # the server's loop is measured on asyncio (loop-lag probe, drain); uvloop here is
+        # a separate, unmeasured change
+        loop="asyncio",
     )
     server = DrainingServer(config, state, grace_s)
     server.run()
