@@ -37,43 +37,45 @@ ENGINE_CONFIG_LABELS = (
 class AdvisorMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str):
         m = {"model_name": model_name}
-        self.potential_hits = Counter(
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, ["model_name"], registry=registry).labels(**m)
+
+        def lag_histogram(name: str, doc: str) -> Histogram:
+            return Histogram(
+                name, doc, ["model_name"], buckets=LOOP_LAG_BUCKETS, registry=registry
+            ).labels(**m)
+
+        self.potential_hits = counter(
             "llmservice:prefix_cache_potential_hits",
             "Prompt tokens a prefix cache would have served (counted with caching on or off).",
-            ["model_name"], registry=registry,
-        ).labels(**m)
-        self.loop_lag = Histogram(
+        )
+        self.loop_lag = lag_histogram(
             "llmservice:event_loop_lag_seconds",
             "How late the API event loop ran a periodic probe, in seconds.",
-            ["model_name"], buckets=LOOP_LAG_BUCKETS, registry=registry,
-        ).labels(**m)
-        self.loop_busy_lag = Histogram(
+        )
+        self.loop_busy_lag = lag_histogram(
             "llmservice:event_loop_busy_lag_seconds",
             "The part of each probe's lag the event loop's thread spent on the CPU, in seconds.",
-            ["model_name"], buckets=LOOP_LAG_BUCKETS, registry=registry,
-        ).labels(**m)
-        self.tokenize_seconds = Counter(
-            "llmservice:tokenize_seconds", "Seconds spent tokenizing prompts and chat templates.",
-            ["model_name"], registry=registry,
-        ).labels(**m)
-        self.detokenize_seconds = Counter(
-            "llmservice:detokenize_seconds", "Seconds spent in the incremental detokenizer.",
-            ["model_name"], registry=registry,
-        ).labels(**m)
+        )
+        self.tokenize_seconds = counter(
+            "llmservice:tokenize_seconds", "Seconds spent tokenizing prompts and chat templates."
+        )
+        self.detokenize_seconds = counter(
+            "llmservice:detokenize_seconds", "Seconds spent in the incremental detokenizer."
+        )
         self._engine_info = Gauge(
             "llmservice:engine_config_info", "The engine's scheduler and cache configuration.",
             list(ENGINE_CONFIG_LABELS), registry=registry,
         )
-        self.preempted_recompute = Counter(
+        self.preempted_recompute = counter(
             "llmservice:preempted_tokens_recompute",
             "Computed tokens of requests preempted by recompute (prefilled again on resume).",
-            ["model_name"], registry=registry,
-        ).labels(**m)
-        self.preempted_swap = Counter(
+        )
+        self.preempted_swap = counter(
             "llmservice:preempted_tokens_swap",
             "Computed tokens of requests preempted by swap (KV copied to CPU and back).",
-            ["model_name"], registry=registry,
-        ).labels(**m)
+        )
         self._cost_gauges = {
             key: Gauge(f"llmservice:preemption_{key}", doc, ["model_name"], registry=registry)
             for key, doc in (
@@ -83,8 +85,8 @@ class AdvisorMetrics:
             )
         }  # fmt: skip
         self._model = model_name
-        self._potential, self._detok = 0, 0.0
-        self._preempted = (0, 0)
+        # the engine's cumulative totals, by counter: each report adds what is new
+        self._totals: dict[str, float] = {}
 
     def set_engine_config(self, config: Any) -> None:
         """From a resolved EngineConfig (max_model_len and max_num_batched_tokens filled)."""
@@ -116,11 +118,12 @@ class AdvisorMetrics:
 
     def on_engine_totals(self, stats: EngineStats) -> None:
         """The engine's cumulative counts after a step: add what is new."""
-        self.potential_hits.inc(max(0, stats.prefix_potential_hits - self._potential))
-        self.detokenize_seconds.inc(max(0.0, stats.detokenize_seconds - self._detok))
-        self._potential = max(self._potential, stats.prefix_potential_hits)
-        self._detok = max(self._detok, stats.detokenize_seconds)
-        recompute, swap = stats.preempted_tokens_recompute, stats.preempted_tokens_swap
-        self.preempted_recompute.inc(max(0, recompute - self._preempted[0]))
-        self.preempted_swap.inc(max(0, swap - self._preempted[1]))
-        self._preempted = (max(self._preempted[0], recompute), max(self._preempted[1], swap))
+        for name, counter, total in (
+            ("potential_hits", self.potential_hits, stats.prefix_potential_hits),
+            ("detokenize_seconds", self.detokenize_seconds, stats.detokenize_seconds),
+            ("preempted_recompute", self.preempted_recompute, stats.preempted_tokens_recompute),
+            ("preempted_swap", self.preempted_swap, stats.preempted_tokens_swap),
+        ):
+            last = self._totals.get(name, 0)
+            counter.inc(max(0, total - last))
+            self._totals[name] = max(last, total)
