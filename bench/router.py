@@ -1,11 +1,16 @@
 """The router's cost and its prefix hit rate, against fake pods that do no model work.
 
 1. Added latency: an open-loop client at `--rate` req/s (default 200) sends streamed
-   completions for `--seconds`, first straight to a fake pod, then through
-   `llmservice router` in front of three fake pods; every pod answers the same fixed
-   SSE stream (8 events). Added p50/p99 = the router run's percentile minus the
-   direct run's (same client, same schedule). Target: added p99 <= 2 ms. The router
-   runs on uvloop (its default when installed) and again on plain asyncio.
+   completions straight to a fake pod, and through `llmservice router` in front of
+   three fake pods, on uvloop (the router's default when installed) and on plain
+   asyncio; every pod answers the same fixed SSE stream (8 events). The three targets
+   take turns in `--blocks` blocks of `--seconds / --blocks` each (direct, uvloop,
+   asyncio, direct, ...), so a neighbour's burst on this shared machine lands on all
+   of them alike instead of on whichever ran at that minute. Added p50/p99 = the
+   routed percentile minus the direct one. Target: added p99 <= 2 ms.
+   With `--pin` (the default where there are >= 2 CPUs) the routers get the last CPU
+   and the client and pods the others, as a router Deployment's CPU request gives it
+   a core of its own in a cluster; `--no-pin` measures all of them sharing every CPU.
 2. Hit rate: 8 shared system prompts x 25 requests, through the router with
    --policy prefix and --policy round-robin, and all on one pod (the ceiling). A hit
    is a request whose prefix key the pod that served it had seen before (an
@@ -13,7 +18,8 @@
 The real-server version of (2) (3 replicas of the embedded model, prefix-cache
 counters and TTFT) is tests/integration/router/test_prefix_routing.py.
 
-    .venv/bin/python bench/router.py [--rate 200 --seconds 10]   # writes bench/results/router.json
+    .venv/bin/python bench/router.py [--rate 200 --seconds 20 --blocks 10] [--no-pin]
+    # writes bench/results/router.json
 """
 
 from __future__ import annotations
@@ -208,52 +214,74 @@ async def hit_rates(pods: list[str], prompts: list[str], per_prompt: int) -> dic
     return out
 
 
+def cpu_split(pin: bool) -> tuple[set[int], set[int]] | None:
+    """(the routers' CPUs, everyone else's), or None to leave the scheduler alone."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None
+    return {cpus[-1]}, set(cpus[:-1])
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     # the router's default loop first (uvloop when installed), then plain asyncio for comparison
     loops = ["uvloop", "asyncio"] if importlib.util.find_spec("uvloop") else ["asyncio"]
+    split = cpu_split(args.pin)
+    if split is not None:
+        os.sched_setaffinity(0, split[1])  # the client, and the pods' process it starts
     ports = [free_port() for _ in range(3)]
     env = dict(os.environ, PYTHONPATH="")
     pods_proc = subprocess.Popen(
         [sys.executable, __file__, "--serve-fake-pods", *map(str, ports)], env=env
     )
     pods = [f"http://127.0.0.1:{p}" for p in ports]
+    routers: dict[str, tuple[subprocess.Popen, str]] = {}
+    samples: dict[str, list[float]] = {"direct": [], **{loop: [] for loop in loops}}
     try:
         for pod in pods:
             await wait_up(pod + "/stats")
-        prompts = [f"system prompt {i}: " + "policy text " * 200 for i in range(8)]
-        direct = await open_loop(pods[0], args.rate, args.seconds, prompts)
-        routed_by_loop: dict[str, list[float]] = {}
         for event_loop in loops:
             proc, url = start_router(pods, "prefix", event_loop)
-            try:
-                await wait_up(url + "/healthz")
-                await open_loop(url, args.rate, 1.0, prompts)  # warm connections
-                routed_by_loop[event_loop] = await open_loop(url, args.rate, args.seconds, prompts)
-            finally:
-                proc.terminate()
-                proc.wait(10)
-        routed = routed_by_loop[loops[0]]
+            routers[event_loop] = (proc, url)
+            if split is not None:
+                os.sched_setaffinity(proc.pid, split[0])
+        targets = {"direct": pods[0], **{loop: routers[loop][1] for loop in loops}}
+        for loop in loops:
+            await wait_up(targets[loop] + "/healthz")
+        prompts = [f"system prompt {i}: " + "policy text " * 200 for i in range(8)]
+        for url in targets.values():
+            await open_loop(url, args.rate, 1.0, prompts)  # warm connections and code paths
+        block_s = args.seconds / args.blocks
+        for _ in range(args.blocks):
+            for name, url in targets.items():
+                samples[name] += await open_loop(url, args.rate, block_s, prompts)
+    finally:
+        for proc, _ in routers.values():
+            proc.terminate()
+            proc.wait(10)
+    try:
         rates = await hit_rates(pods, prompts, 25)
     finally:
         pods_proc.terminate()
         pods_proc.wait(10)
+    direct, routed = samples["direct"], samples[loops[0]]
     ms = 1e3
+
+    def added(v: list[float]) -> dict[str, float]:
+        return {"p50": (pct(v, 50) - pct(direct, 50)) * ms, "p99": (pct(v, 99) - pct(direct, 99)) * ms}
+
+    pin_flag = "" if args.pin else " --no-pin"
     result = {
-        "machine": "2 CPU cores shared with other sessions' tests and benchmarks (noisy)",
-        "command": f".venv/bin/python bench/router.py --rate {args.rate:g} --seconds {args.seconds:g}",
+        "machine": f"{os.cpu_count()} CPU cores shared with other sessions' tests and benchmarks (noisy)",
+        "command": f".venv/bin/python bench/router.py --rate {args.rate:g} --seconds {args.seconds:g} "
+        f"--blocks {args.blocks}{pin_flag}",
+        "cpus": None if split is None else {"routers": sorted(split[0]), "client_and_pods": sorted(split[1])},
         "rate_rps": args.rate,
-        "requests_per_run": len(direct),
+        "requests_per_target": len(direct),
         "direct_ms": {"p50": pct(direct, 50) * ms, "p99": pct(direct, 99) * ms},
         "routed_ms": {"p50": pct(routed, 50) * ms, "p99": pct(routed, 99) * ms},
-        "added_ms": {
-            "p50": (pct(routed, 50) - pct(direct, 50)) * ms,
-            "p99": (pct(routed, 99) - pct(direct, 99)) * ms,
-        },
+        "added_ms": added(routed),
         "event_loop": loops[0],
-        "added_ms_by_event_loop": {
-            loop: {"p50": (pct(v, 50) - pct(direct, 50)) * ms, "p99": (pct(v, 99) - pct(direct, 99)) * ms}
-            for loop, v in routed_by_loop.items()
-        },
+        "added_ms_by_event_loop": {loop: added(samples[loop]) for loop in loops},
         "hit_rate": rates,
         "prefix_vs_single_pod": rates["prefix"] / rates["single-pod"],
         "targets": {"added_p99_ms": 2.0, "prefix_vs_single_pod": 0.85},
@@ -267,7 +295,9 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=float, default=200.0)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per target, all blocks")
+    parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", default=str(ROOT / "bench/results/router.json"))
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
