@@ -165,9 +165,10 @@ class PreemptionPrice:
     """What the window's preemptions cost, from the engine's own measurement (our server
     exports it; stock vLLM does not, and then this is None)."""
 
-    tokens_per_minute: float  # computed tokens the victims held (recompute + swap)
-    recompute_seconds_per_minute: float  # prefill redone, at the measured marginal cost
-    swap_seconds_per_minute: float | None  # the same victims swapped instead (None: swap not measured)
+    tokens_per_minute: float  # computed tokens the victims held (recomputed ones + swapped ones)
+    # all of those tokens re-prefilled, at the measured marginal cost (what recompute-only costs)
+    recompute_seconds_per_minute: float
+    swap_seconds_per_minute: float | None  # all of them swapped instead (None: swap not measured)
 
     def evidence(self, rate: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -198,12 +199,12 @@ def _price_arithmetic(price: PreemptionPrice | None) -> str:
     if price is None:
         return ""
     text = (
-        f"; measured: recompute redoes {price.tokens_per_minute:.0f} tokens/min = "
-        f"{price.recompute_seconds_per_minute:.2f} s of prefill per minute "
+        f"; measured: the victims held {price.tokens_per_minute:.0f} tokens/min; re-prefilling "
+        f"them all costs {price.recompute_seconds_per_minute:.2f} s per minute "
         f"({price.recompute_seconds_per_minute / 60:.1%} of the engine's time)"
     )
     if price.swap_seconds_per_minute is not None:
-        text += f", swapping them would take {price.swap_seconds_per_minute:.2f} s/min"
+        text += f", swapping them all would take {price.swap_seconds_per_minute:.2f} s/min"
     return text
 
 

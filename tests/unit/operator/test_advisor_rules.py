@@ -230,7 +230,7 @@ def test_preemptions_are_priced_with_the_engines_measured_costs():
     assert f.evidence["measuredRecomputeSecondsPerMinute"] == 600.0
     assert f.evidence["measuredSwapSecondsPerMinute"] == 30.3
     assert f.expected_effect["recomputeSecondsPerMinute"] == 600.0
-    assert "600.00 s of prefill per minute" in f.expected_effect["arithmetic"]
+    assert "re-prefilling them all costs 600.00 s per minute" in f.expected_effect["arithmetic"]
     assert "30.30 s/min" in f.expected_effect["arithmetic"]
 
 
