@@ -169,6 +169,11 @@ async def wait_up(url: str) -> None:
     raise RuntimeError(f"{url} never came up")
 
 
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(10)
+
+
 def start_router(pods: list[str], policy: str, event_loop: str = "auto") -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [str(BIN), "router", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
@@ -209,8 +214,7 @@ async def hit_rates(pods: list[str], prompts: list[str], per_prompt: int) -> dic
                 await wait_up(url + "/healthz")
                 out[policy] = await send(url)
             finally:
-                proc.terminate()
-                proc.wait(10)
+                stop(proc)
     return out
 
 
@@ -256,13 +260,11 @@ async def main_async(args: argparse.Namespace) -> dict:
                 samples[name] += await open_loop(url, args.rate, block_s, prompts)
     finally:
         for proc, _ in routers.values():
-            proc.terminate()
-            proc.wait(10)
+            stop(proc)
     try:
         rates = await hit_rates(pods, prompts, 25)
     finally:
-        pods_proc.terminate()
-        pods_proc.wait(10)
+        stop(pods_proc)
     direct, routed = samples["direct"], samples[loops[0]]
     ms = 1e3
 
