@@ -85,6 +85,7 @@ def profile_step_costs(
     shapes = profile_shapes(config, cuda, num_blocks)
     model = runner.model
     key = (
+        getattr(runner, "size", 1),  # tensor-parallel ranks: the same model, other costs
         repr(model.config),
         str(model.device),
         str(model.dtype),

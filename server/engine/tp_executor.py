@@ -138,6 +138,12 @@ class TPExecutor:
         log.info("%d tensor-parallel ranks ready (%s backend), %d KV blocks each",
                  size, "nccl" if self.device.type == "cuda" else "gloo", self.plan.num_blocks)  # fmt: skip
 
+    @property
+    def model(self) -> TPExecutor:
+        """This process holds no model: the executor stands in for it (its `config`,
+        `device` and `dtype`), as it does for LLMEngine's `model` at TP > 1."""
+        return self
+
     # ---- health -------------------------------------------------------------------------
     def check(self) -> str | None:
         if self.failure is None:
@@ -266,6 +272,8 @@ def build_tp_engine(engine_cls: type, config: EngineConfig, executor: TPExecutor
         engine = engine_cls(
             config, executor, tokenizer, plan, executor.load_seconds, runner=executor
         )
+        if engine.scheduler.time_budget_on:  # the profile's steps run on the ranks
+            engine.seed_cost_model()
     except BaseException:
         if not shared:
             executor.close()

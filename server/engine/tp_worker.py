@@ -96,7 +96,9 @@ def build_rank(
     the pools and, for `auto` preemption, time both modes (all ranks together)."""
     t0 = time.perf_counter()
     dtype = startup.resolve_dtype(config.dtype, device)
-    _, model_config, _, source = weight_source(config.model, dtype, config.load_format, device)
+    _, model_config, _, source = weight_source(
+        config.model, dtype, config.load_format, device, cpu_weights=config.cpu_weights
+    )
     config = config.resolve_lengths(model_config.max_position_embeddings)
     model = LlamaModel(model_config, source, device, dtype, int(config.max_model_len), world=world)
     load_seconds = time.perf_counter() - t0

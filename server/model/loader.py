@@ -85,13 +85,16 @@ def weight_source(
     dtype: torch.dtype,
     load_format: str = "auto",
     device: torch.device | str = "cpu",
+    cpu_weights: str = "quantized",
 ) -> tuple[Path, ModelConfig, TokenizerSource, WeightSource]:
     """The weights as a source a tensor-parallel rank reads its shard from, without
-    loading the rest: safetensors slices, GGUF rows/blocks, or dummy weights."""
+    loading the rest: safetensors slices, GGUF rows/blocks (kept packed on a CPU fp32
+    rank unless `cpu_weights="fp32"`, as `load_model` does), or dummy weights."""
     path, config, tokenizer = read_model_info(model)
     if load_format == "dummy":
         return path, config, tokenizer, TensorSource(dummy_weights(config, dtype, device), device, dtype, True)
     _, kind = model_path(path)
     if kind == "hf":
         return path, config, tokenizer, SafetensorsSource(path, device, dtype)
-    return path, config, tokenizer, GGUFSource(path, config, device, dtype)
+    pack = packs_gguf(cpu_weights, device, dtype)
+    return path, config, tokenizer, GGUFSource(path, config, device, dtype, pack=pack)
