@@ -56,6 +56,10 @@ class CatalogEntry:
     architecture: Architecture
     hf_ids: tuple[str, ...] = field(default_factory=tuple)
     builtin: str | None = None  # `builtin:<name>` served by the bundled server
+    # The builtin GGUF's weights as the bundled server holds them on CPU: its Q4_1/Q8_0
+    # blocks stay packed (docs/cpu.md) and the norms are fp32, so the CPU plan is this
+    # file's tensor bytes, not parameters x 4.
+    builtin_cpu_weight_bytes: int | None = None
 
 
 _LLAMA3_8B = Architecture(32, 4096, 32, 8, 128, 14336, 128256)
@@ -69,6 +73,7 @@ CATALOG: dict[str, CatalogEntry] = {
             Architecture(30, 576, 9, 3, 64, 1536, 49152, tie_word_embeddings=True),
             hf_ids=("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M-Instruct"),
             builtin="smollm2-135m",
+            builtin_cpu_weight_bytes=96_576_768,  # SmolLM2-135M-Instruct.Q4_1.gguf's tensors
         ),
         CatalogEntry(
             "llama-3-8b",

@@ -232,7 +232,9 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
         block_size=engine.block_size,
     )
     if not on_gpu:
-        return _cpu_fit(shape, engine.kv_cache_memory_gib or CPU_KV_CACHE_GIB)
+        return _cpu_fit(
+            shape, engine.kv_cache_memory_gib or CPU_KV_CACHE_GIB, builtin_cpu_weight_bytes(spec)
+        )
     plan = plan_memory(shape)
     if sequence_fits(plan, shape.max_model_len):
         return FitResult(
@@ -278,11 +280,22 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
     )
 
 
-def _cpu_fit(shape: Shape, kv_gib: float) -> FitResult:
+def builtin_cpu_weight_bytes(spec: LLMServiceSpec) -> int | None:
+    """What a builtin GGUF's weights take on a CPU pod (kept packed), when the spec serves
+    one; None: dense weights of parameters x dtype bytes."""
+    entry = lookup(spec.model.source)
+    if entry is None or entry.builtin is None or spec.model.source != f"builtin:{entry.builtin}":
+        return None
+    return entry.builtin_cpu_weight_bytes
+
+
+def _cpu_fit(shape: Shape, kv_gib: float, weight_bytes: int | None = None) -> FitResult:
     """No GPU: the server sizes its KV cache from --kv-cache-memory-gib; report that plan.
     With CPU tensor parallelism the budget is per rank, for the rank's share of the KV
-    heads and 1/TP of the weights ("per GPU" then reads "per rank")."""
+    heads and 1/TP of the weights ("per GPU" then reads "per rank"). `weight_bytes`: the
+    weights as the server holds them, when not parameters x dtype bytes (packed GGUF)."""
     arch, tp = shape.architecture, shape.tensor_parallel_size
+    weight_bytes = weight_bytes or arch.parameters * shape.dtype_bytes
     kv_per_token = 2 * arch.num_layers * arch.num_key_value_heads * arch.head_dim
     kv_per_token *= shape.dtype_bytes
     kv_per_rank = 2 * arch.num_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim
@@ -290,7 +303,7 @@ def _cpu_fit(shape: Shape, kv_gib: float) -> FitResult:
     blocks = int(kv_gib * GIB // (kv_per_rank * shape.block_size))
     plan = MemoryPlan(
         budget_gib_per_gpu=0.0,
-        weights_gib_per_gpu=arch.parameters * shape.dtype_bytes / tp / GIB,
+        weights_gib_per_gpu=weight_bytes / tp / GIB,
         activation_reserve_gib_per_gpu=0.0,
         kv_cache_gib_per_gpu=kv_gib,
         kv_bytes_per_token=kv_per_token,

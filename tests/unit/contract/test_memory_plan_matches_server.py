@@ -72,12 +72,27 @@ def test_every_examples_plan_per_gpu_matches_the_ranks(name):
     weights, kv = server_rank_plan(
         arch, tp, dtype_bytes(spec.engine.dtype, spec.gpus_per_replica > 0)
     )
+    if spec.gpus_per_replica == 0 and spec.model.source.startswith("builtin:"):
+        weights = built_rank_weight_bytes(spec.model.source, tp)  # packed GGUF blocks
     assert close(fit.plan.weights_gib_per_gpu * GIB, weights), (
         name,
         fit.plan.weights_gib_per_gpu,
         weights / GIB,
     )
     assert fit.plan.kv_bytes_per_token_per_gpu == kv, name
+
+
+def built_rank_weight_bytes(source: str, tp: int) -> int:
+    """The largest rank's weights as the server builds them from the real file (the
+    builtin GGUF's blocks stay packed on CPU); building needs no process group."""
+    from llmservice.server.model.loader import weight_source
+
+    held = []
+    for rank in range(tp):
+        _, config, _, weights = weight_source(source, torch.float32)
+        model = LlamaModel(config, weights, torch.device("cpu"), torch.float32, 64, world=World(rank, tp))
+        held.append(model.weight_bytes())
+    return max(held)
 
 
 @pytest.mark.parametrize("tp", [1, 3])
@@ -87,11 +102,15 @@ def test_cpu_ranks_plan_the_blocks_the_operator_reports(tp):
     from llmservice.operator.vram import resolve_architecture
 
     arch = resolve_architecture(spec)
-    weights, kv = server_rank_plan(arch, tp, 4)
+    _, kv = server_rank_plan(arch, tp, 4)
+    weights = built_rank_weight_bytes(spec.model.source, tp)
     plan = memory.plan_cpu(
         spec.engine.kv_cache_memory_gib, weights, kv, spec.engine.block_size, 2048
     )
-    assert close(fit.plan.weights_gib_per_gpu * GIB, plan.weights_bytes)
+    assert close(fit.plan.weights_gib_per_gpu * GIB, plan.weights_bytes), (
+        fit.plan.weights_gib_per_gpu * GIB,
+        plan.weights_bytes,
+    )
     assert close(fit.plan.estimated_kv_blocks, plan.num_blocks), (
         fit.plan.estimated_kv_blocks,
         plan.num_blocks,
