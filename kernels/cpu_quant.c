@@ -11,6 +11,12 @@
  * the thread count (torch.get_num_threads()).
  */
 #include <stdint.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; }
+#endif
 #include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -167,6 +173,124 @@ static void row_dot_scalar(int kind, const uint8_t *row, int64_t nb, int bb, con
     }
 }
 
+#ifdef QK_AVX2
+/* The tiled path's register tile: TM activation rows x TN weight rows. Each output's
+ * accumulator holds row_dot's a0 and a1: one 16-lane register with AVX-512 (lanes 0-7 are
+ * a0, 8-15 a1: a block's x[0..16) then x[16..32) feed them exactly as w[0], w[1] then w[2],
+ * w[3] do), else the two 8-lane registers themselves. */
+#ifdef __AVX512F__
+#define TM 4
+#define TN 4
+#else
+#define TM 2
+#define TN 2
+#endif
+
+/* TN dequantized weight rows (ws, row stride K) against MB activation rows: the same
+ * accumulators, fed in the same order, as row_dot (a0 += w[0..8) x[0..8), a1 += w[8..16)
+ * x[8..16), a0 += w[16..24) x[16..24), a1 += w[24..32) x[24..32), block after block, then
+ * hsum(a0 + a1)), so each output has row_dot's bits; only the unpacking moved out. */
+static inline __attribute__((always_inline)) void tile_dot(
+    const float *ws, int64_t K, const float *x, int64_t ldx, int MB, float out[TM][TN]) {
+#ifdef __AVX512F__
+    __m512 a[TM][TN];
+    for (int m = 0; m < TM; m++)
+        for (int n = 0; n < TN; n++) a[m][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 w[TN];
+        for (int n = 0; n < TN; n++) {
+            w[n] = _mm512_loadu_ps(ws + n * K + k);
+            __asm__("" : "+v"(w[n])); /* keep it in a register: gcc would reload it per FMA */
+        }
+        for (int m = 0; m < MB; m++) {
+            __m512 xv = _mm512_loadu_ps(x + m * ldx + k);
+            __asm__("" : "+v"(xv));
+            for (int n = 0; n < TN; n++) a[m][n] = _mm512_fmadd_ps(w[n], xv, a[m][n]);
+        }
+    }
+    for (int m = 0; m < MB; m++)
+        for (int n = 0; n < TN; n++)
+            out[m][n] = hsum(_mm256_add_ps(_mm512_castps512_ps256(a[m][n]),
+                                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[m][n]), 1))));
+#else
+    __m256 a[TM][TN][2];
+    for (int m = 0; m < TM; m++)
+        for (int n = 0; n < TN; n++) a[m][n][0] = a[m][n][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        for (int h = 0; h < 2; h++) {
+            __m256 w[TN];
+            for (int n = 0; n < TN; n++) {
+                w[n] = _mm256_loadu_ps(ws + n * K + k + 8 * h);
+                __asm__("" : "+x"(w[n])); /* keep it in a register: gcc would reload it */
+            }
+            for (int m = 0; m < MB; m++) {
+                __m256 xv = _mm256_loadu_ps(x + m * ldx + k + 8 * h);
+                __asm__("" : "+x"(xv));
+                for (int n = 0; n < TN; n++) a[m][n][h] = _mm256_fmadd_ps(w[n], xv, a[m][n][h]);
+            }
+        }
+    }
+    for (int m = 0; m < MB; m++)
+        for (int n = 0; n < TN; n++) out[m][n] = hsum(_mm256_add_ps(a[m][n][0], a[m][n][1]));
+#endif
+}
+
+/* Rows of activations per cache chunk: the chunk's activations (rows x K fp32) stay in L2
+ * while every weight tile of the matrix passes over them. */
+#define CHUNK_BYTES (192 * 1024)
+
+/* The tiled path: each TN weight rows are unpacked once per chunk of activation rows into
+ * a per-thread fp32 scratch and reused by all the chunk's rows, TM at a time. Parallel
+ * over weight-row tiles, like the direct path over rows. */
+static inline __attribute__((always_inline)) int tiled_impl(
+    int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
+    int64_t ldy, const float *bias, int nthreads) {
+    const int bb = qk_block_bytes(kind);
+    const int64_t nb = K / 32, row_bytes = nb * bb, tiles = (N + TN - 1) / TN;
+    int64_t chunk = CHUNK_BYTES / (K * 4) / TM * TM;
+    if (chunk < TM) chunk = TM;
+    if (nthreads < 1) nthreads = 1;
+    /* one scratch of TN rows per thread; rows past N stay 0 (computed, never stored) */
+    float *scratch = (float *)calloc((size_t)nthreads * TN * K, sizeof(float));
+    if (!scratch) return -1;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *ws = scratch + (size_t)omp_get_thread_num() * TN * K;
+        for (int64_t c0 = 0; c0 < M; c0 += chunk) {
+            const int64_t c1 = c0 + chunk < M ? c0 + chunk : M;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                const int64_t n0 = t * TN, nr = N - n0 < TN ? N - n0 : TN;
+                for (int64_t i = 0; i < nr * nb; i++) {
+                    __m256 v[4];
+                    unpack_avx2(kind, w + n0 * row_bytes + i * bb, v);
+                    for (int j = 0; j < 4; j++) _mm256_storeu_ps(ws + i * 32 + 8 * j, v[j]);
+                }
+                for (int64_t m0 = c0; m0 < c1; m0 += TM) {
+                    const int mb = (int)(c1 - m0 < TM ? c1 - m0 : TM);
+                    float out[TM][TN];
+                    const float *xm = x + m0 * ldx;
+                    switch (mb) { /* constant MB per call: the compiler specialises tile_dot */
+                    case TM: tile_dot(ws, K, xm, ldx, TM, out); break;
+                    case 1: tile_dot(ws, K, xm, ldx, 1, out); break;
+#if TM > 2
+                    case 2: tile_dot(ws, K, xm, ldx, 2, out); break;
+                    case 3: tile_dot(ws, K, xm, ldx, 3, out); break;
+#endif
+                    default: break;
+                    }
+                    for (int m = 0; m < mb; m++)
+                        for (int n = 0; n < nr; n++)
+                            y[(m0 + m) * ldy + n0 + n] = out[m][n] + (bias ? bias[n0 + n] : 0.0f);
+                }
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}
+#endif
+
 /* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[N, K]^T (+ bias[N] if given).
  * Parallel over output rows; activations in chunks of 4 rows per weight-row pass.
  * `kind` is a constant in each of qk_matmul's calls, so every format gets its own loop. */
@@ -206,6 +330,24 @@ void qk_matmul(int kind, const uint8_t *w, int64_t N, int64_t K, const float *x,
     case Q8_0: matmul_impl(Q8_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads); break;
     default: break;
     }
+}
+
+/* The tiled path (many activation rows): the same bits as qk_matmul, unpacking each
+ * weight block once per chunk of rows instead of once per 4 rows. Without AVX2 it is
+ * qk_matmul. Returns -1 (nothing written) if its scratch cannot be allocated. */
+int qk_matmul_tiled(int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx,
+                     float *y, int64_t ldy, const float *bias, int nthreads) {
+#ifdef QK_AVX2
+    switch (kind) {
+    case Q4_0: return tiled_impl(Q4_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
+    case Q4_1: return tiled_impl(Q4_1, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
+    case Q8_0: return tiled_impl(Q8_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
+    default: return 0;
+    }
+#else
+    qk_matmul(kind, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
+    return 0;
+#endif
 }
 
 /* out[N, K] = the fp32 weights of rows [0, N) (for a dequantize-then-GEMM path). */

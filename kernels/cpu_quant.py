@@ -1,21 +1,26 @@
 """Matmul, dequantize and row lookup on GGUF blocks kept packed in memory (CPU).
 
 A `Packed` matrix is GGUF's own layout: [N, K] weights as N rows of K/32 blocks (Q4_0:
-18 bytes, Q4_1: 20, Q8_0: 34). Two ways to multiply it by fp32 activations x [M, K]:
+18 bytes, Q4_1: 20, Q8_0: 34). Three ways to multiply it by fp32 activations x [M, K]:
 
 - `direct`: the C kernel turns each block into its 32 fp32 weights in registers and
   accumulates in fp32 (memory-bound batches: it reads 5-6x fewer bytes than fp32 weights);
+- `tiled`: each weight block is unpacked once per chunk of activation rows into a small
+  per-thread fp32 scratch and reused by every row of the chunk, a register tile of rows x
+  weight rows at a time (compute-bound batches); same per-output summation order as
+  `direct`, so the same bits;
 - `dequant_gemm`: the C kernel writes the fp32 weights of a slab of rows into a reused
-  scratch buffer and torch's GEMM multiplies it (compute-bound batches, where the GEMM's
-  register tiling beats re-unpacking the blocks for every 4 activation rows).
+  scratch buffer and torch's GEMM multiplies it (another summation order: benchmarks only).
 
-`choose_path` says which one the model uses (always `direct`: batch invariance; see its
-docstring and docs/cpu.md for the measurement). Both give the reference dequantizer's exact weights;
-only the fp32 summation order differs from dequantize-then-F.linear.
+`choose_path` says which one the model uses (`direct` for few rows, `tiled` for many:
+bit-identical, so batch invariance holds; docs/cpu.md has the measurements). All give the
+reference dequantizer's exact weights; only the fp32 summation order differs from
+dequantize-then-F.linear.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from dataclasses import dataclass
 
@@ -26,6 +31,7 @@ Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGMLQuantizationType values
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 QK = 32
 DEQUANT_GEMM_MIN_ROWS = 64  # from here dequant_gemm ran as fast as direct (docs/cpu.md)
+TILED_MIN_ROWS = 8  # from here the tiled kernel beats direct (bench/cpu_quant_bench.py)
 SLAB_ELEMENTS = 1 << 16  # dequant_gemm: rows per slab so a slab (256 KiB of fp32) stays in L2
 
 
@@ -74,14 +80,13 @@ class Packed:
 
 
 def choose_path(m: int) -> str:
-    """Always 'direct': its per-row summation order does not depend on M, and the engine's
-    exact-equality guarantees (a request's greedy tokens do not depend on what it was
-    batched with, on chunking or on recompute preemption) need that. 'dequant_gemm' was
-    even with it from M = DEQUANT_GEMM_MIN_ROWS (docs/cpu.md), but torch's GEMM sums in
-    another order, so switching by M flipped near-tied greedy tokens; it stays available
-    by name (benchmarks, `path=`)."""
-    del m
-    return "direct"
+    """'direct' below TILED_MIN_ROWS activation rows, 'tiled' from there. Both sum each
+    output in the same order (bit-identical results), so switching by M keeps the
+    engine's exact-equality guarantees (a request's greedy tokens do not depend on what it
+    was batched with, on chunking or on recompute preemption). 'dequant_gemm' is never
+    chosen: torch's GEMM sums in another order, and switching to it by M flipped near-tied
+    greedy tokens (docs/cpu.md); it stays available by name (benchmarks, `path=`)."""
+    return "tiled" if m >= TILED_MIN_ROWS else "direct"
 
 
 _scratch = threading.local()
@@ -113,10 +118,15 @@ def matmul(
     m = x2.shape[0]
     out = torch.empty((m, w.rows), dtype=torch.float32)
     if m:
-        if (path or choose_path(m)) == "direct":
+        chosen = path or choose_path(m)
+        if chosen == "tiled":
+            _tiled(x2, w, bias, out)
+        elif chosen == "direct":
             _direct(x2, w, bias, out)
-        else:
+        elif chosen == "dequant_gemm":
             _dequant_gemm(x2, w, bias, out)
+        else:
+            raise ValueError(f"unknown path {chosen!r} (direct, tiled, dequant_gemm)")
     return out.view(*x.shape[:-1], w.rows)
 
 
@@ -126,6 +136,27 @@ def _direct(x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Te
     lib.qk_matmul(w.kind, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0], x.stride(0),
                   out.data_ptr(), out.stride(0), b.data_ptr() if b is not None else None,
                   torch.get_num_threads())  # fmt: skip
+
+
+def _tiled_fn():
+    """qk_matmul_tiled with its argument types (declared here, once)."""
+    fn = cpu_native.library().qk_matmul_tiled
+    if fn.restype is not ctypes.c_int or not fn.argtypes:
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        fn.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
+        fn.restype = i32
+    return fn
+
+
+def _tiled(x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """Each weight block unpacked once per chunk of rows into a per-thread scratch and
+    reused by every row of the chunk: direct's bits at GEMM-like speed for many rows."""
+    b = bias.contiguous() if bias is not None else None
+    rc = _tiled_fn()(w.kind, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0],
+                     x.stride(0), out.data_ptr(), out.stride(0),
+                     b.data_ptr() if b is not None else None, torch.get_num_threads())  # fmt: skip
+    if rc != 0:  # its scratch could not be allocated: direct gives the same bits
+        _direct(x, w, bias, out)
 
 
 def _dequant_gemm(x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor) -> None:

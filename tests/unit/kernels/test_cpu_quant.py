@@ -54,7 +54,7 @@ def test_dequantize_is_bit_exact(kind, rows, cols):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("path", ["direct", "dequant_gemm"])
+@pytest.mark.parametrize("path", ["direct", "tiled", "dequant_gemm"])
 @pytest.mark.parametrize(("rows", "cols"), [(1, 32), (7, 96), (33, 1536)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 17])
 def test_matmul_matches_dequantize_then_matmul(kind, path, rows, cols, m):
@@ -66,7 +66,7 @@ def test_matmul_matches_dequantize_then_matmul(kind, path, rows, cols, m):
     assert rel_err(y, x.double() @ w.T) <= 1e-5
 
 
-@pytest.mark.parametrize("path", ["direct", "dequant_gemm"])
+@pytest.mark.parametrize("path", ["direct", "tiled", "dequant_gemm"])
 def test_bias_leading_dims_and_strided_rows(path):
     raw = random_blocks(Q4_1, 12, 64)
     w = reference_weights(Q4_1, raw, 64).double()
@@ -119,21 +119,59 @@ def test_a_row_gives_the_same_bits_whatever_the_batch(kind):
     full = cpu_quant.matmul(x, p)
     for rows in (slice(5, 6), slice(0, 3), slice(2, 7), slice(1, 70)):
         assert torch.equal(cpu_quant.matmul(x[rows], p), full[rows]), rows
-    assert all(cpu_quant.choose_path(m) == "direct" for m in (1, 4, 64, 2048))
+    assert cpu_quant.choose_path(1) == "direct" and cpu_quant.choose_path(2048) == "tiled"
 
 
-def test_threads_give_the_same_result():
-    raw = random_blocks(Q4_1, 64, 576)
-    x = torch.randn(3, 576)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("rows", "cols"), [(1, 64), (5, 96), (13, 576), (34, 1536)])
+@pytest.mark.parametrize("m", [1, 3, 6, 9, 31, 130])
+def test_tiled_odd_shapes_match_dequantize_then_matmul(kind, rows, cols, m):
+    """Rows not a multiple of the weight tile, activation rows not a multiple of the row
+    tile, K of 2 to 48 blocks; bias added."""
+    raw = random_blocks(kind, rows, cols, seed=rows * 7 + cols + m)
+    w = reference_weights(kind, raw, cols).double()
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m + 1))
+    bias = torch.randn(rows)
+    y = cpu_quant.matmul(x, Packed(kind, raw, cols), bias, path="tiled")
+    assert y.shape == (m, rows)
+    assert rel_err(y, x.double() @ w.T + bias.double()) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("rows", "cols"), [(7, 96), (50, 576), (5, 1536)])
+def test_tiled_has_the_direct_bits_for_every_batch_size(kind, rows, cols):
+    """One summation order for every M: a row's result is bit-identical computed alone
+    (M = 1, direct) or inside a batch of 1-130 rows at any position, whichever path the
+    batch size picks, and the tiled and direct kernels agree bit for bit."""
+    raw = random_blocks(kind, rows, cols, seed=rows + cols)
+    p = Packed(kind, raw, cols)
+    bias = torch.randn(rows)
+    x = torch.randn(130, cols, generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([cpu_quant.matmul(x[i : i + 1], p, bias) for i in range(130)])
+    assert torch.equal(cpu_quant.matmul(x, p, bias, path="direct"), alone)
+    for m in range(1, 131):
+        assert torch.equal(cpu_quant.matmul(x[:m], p, bias), alone[:m]), m
+        assert torch.equal(
+            cpu_quant.matmul(x[130 - m :], p, bias, path="tiled"), alone[130 - m :]
+        ), m
+
+
+@pytest.mark.parametrize("m", [3, 70])  # direct, tiled
+def test_threads_give_the_same_result(m):
+    raw = random_blocks(Q4_1, 67, 576)
+    x = torch.randn(m, 576)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = cpu_quant.matmul(x, Packed(Q4_1, raw, 576))
         torch.set_num_threads(2)
         two = cpu_quant.matmul(x, Packed(Q4_1, raw, 576))
+        torch.set_num_threads(3)  # more threads than weight tiles of some chunks
+        three = cpu_quant.matmul(x, Packed(Q4_1, raw[:5].contiguous(), 576))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)  # rows are independent: threads only split them
+    assert torch.equal(three, one[:, :5])
 
 
 def test_build_is_cached(tmp_path, monkeypatch):
