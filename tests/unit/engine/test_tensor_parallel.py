@@ -190,6 +190,27 @@ def test_smollm2_tp3_greedy_tokens_equal_tp1(make_engine):
         eng.runner.close()
 
 
+@pytest.mark.e2e
+def test_smollm2_tp3_greedy_tokens_equal_tp1_under_preemption(make_engine):
+    """SmolLM2-135M at TP=3 (packed Q4_1 shards) with whole 256-token steps over a 24-block
+    pool: admission outruns the pool, so both preemption modes run on the real model."""
+    ref = make_engine(max_model_len=256, enable_prefix_caching=False)
+    prompts, params = mixed_workload(ref.model_config.vocab_size)
+    expected = [o.token_ids for o in ref.generate(prompts, params)]
+    base = dict(BASE, tensor_parallel_size=3, max_num_batched_tokens=256, max_step_ms=0)
+    executor = TPExecutor(EngineConfig(preemption_mode="swap", **base))
+    try:
+        for mode in ("recompute", "swap"):
+            eng = build_tp_engine(LLMEngine, EngineConfig(preemption_mode=mode, **base), executor)
+            assert [o.token_ids for o in eng.generate(prompts, params)] == expected, mode
+            assert eng.scheduler.stats.num_preemptions > 0, mode
+            if mode == "swap":
+                assert eng.scheduler.stats.num_swap_outs > 0
+            assert eng.block_manager.usage == 0.0
+    finally:
+        executor.close()
+
+
 def test_a_killed_rank_is_named_within_seconds(tp3):
     """Must stay the last test using `tp3`: rank 2 is SIGKILLed; the next step and the
     watchdog both name it, well inside the 10 s a server has to exit."""
