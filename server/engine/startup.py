@@ -13,6 +13,7 @@ import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import CPU_KV_CACHE_GIB, EngineConfig
 from llmservice.server.engine import memory
+from llmservice.server.engine.measure_key import measurement_key
 from llmservice.server.engine.runner import allocate_kv_caches
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace, fit_costs
 from llmservice.server.model.llama import LlamaModel, score_tokens
@@ -133,7 +134,7 @@ def measure_preemption_costs(
     n = min(1024 if cuda else 128, int(config.max_model_len), int(config.max_num_batched_tokens))
     ids = [(i * 7919) % model.config.vocab_size for i in range(n)]
     small = max(n // 8, 1)
-    key = (repr(model.config), str(model.device), str(model.dtype), torch.get_num_threads(), n, bs)
+    key = measurement_key(model, n, bs)
     if key not in _PREFILL_TIMINGS:  # once per process (tests and benchmarks build many engines)
         # a CPU needs no second warm-up: its cost is the time, and the small run warmed it
         _PREFILL_TIMINGS[key] = tuple(

@@ -20,6 +20,7 @@ import time
 import torch
 from llmservice.server.config import EngineConfig
 from llmservice.server.engine.cost_model import StepShape
+from llmservice.server.engine.measure_key import measurement_key
 from llmservice.server.engine.runner import ModelRunner
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
@@ -83,15 +84,7 @@ def profile_step_costs(
     engines built again in one process (tests, benchmarks) reuse it."""
     cuda = runner.device.type == "cuda"
     shapes = profile_shapes(config, cuda, num_blocks)
-    model = runner.model
-    key = (
-        getattr(runner, "size", 1),  # tensor-parallel ranks: the same model, other costs
-        repr(model.config),
-        str(model.device),
-        str(model.dtype),
-        torch.get_num_threads(),
-        repr(shapes),
-    )
+    key = measurement_key(runner.model, repr(shapes))
     if key not in _MEASURED:
         _MEASURED[key] = _measure(runner, config, shapes, cuda)
     return list(_MEASURED[key])
