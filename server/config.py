@@ -124,6 +124,28 @@ class EngineConfig:
         '"prompt_lookup_max": 4, "prompt_lookup_min": 2}, {"method": "draft_model", "model": ..., '
         '"num_speculative_tokens": 4} or {"method": "layer_skip", "num_layers": L, ...}',
     )
+    enforce_eager: bool = arg(
+        False, "--enforce-eager",
+        "no CUDA graphs: every step runs eagerly (default: pure-decode steps replay graphs on CUDA)",
+        type=bool,
+    )
+    max_cudagraph_capture_size: int | None = arg(
+        None, "--max-cudagraph-capture-size",
+        "largest decode batch captured in a CUDA graph (sizes 1, 2, 4, every 8 to 256, every 16 "
+        "beyond); default: 2x max-num-seqs, at most 512 (vLLM's)",
+        type=int,
+    )
+    async_scheduling: bool | None = arg(
+        None, "--async-scheduling",
+        "overlap scheduling: plan step N+1 while step N runs (default: on on CUDA, off on CPU)",
+        type=bool,
+    )
+    static_decode_inputs: bool | None = arg(
+        None, "--static-decode-inputs",
+        "pure-decode steps on fixed-address inputs padded to the graph sizes, without capture "
+        "(tests the CUDA-graph input path on CPU); default: with CUDA graphs",
+        type=bool, hidden=True,
+    )
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -160,6 +182,8 @@ class EngineConfig:
             raise ConfigError(f"--max-step-ms {self.max_step_ms} must be >= 0 (0: no step-time budget)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
+        if self.max_cudagraph_capture_size is not None and self.max_cudagraph_capture_size < 1:
+            raise ConfigError(f"--max-cudagraph-capture-size {self.max_cudagraph_capture_size} must be >= 1")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"--tensor-parallel-size {self.tensor_parallel_size} must be >= 1")
         try:

@@ -11,13 +11,20 @@ from dataclasses import dataclass
 import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import ConfigError, EngineConfig
-from llmservice.server.engine import memory, spec_decode, startup, step_profile
+from llmservice.server.engine import (
+    cuda_graphs,
+    memory,
+    overlap,
+    spec_decode,
+    startup,
+    step_profile,
+)
 from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.engine.cost_model import StepCostModel, StepShape
 from llmservice.server.engine.grammar import GrammarCompilerService, GrammarStates
 from llmservice.server.engine.outputs import Delta, Detokenizer, RequestOutput
 from llmservice.server.engine.request import Request, RequestStatus, TokenLogprob
-from llmservice.server.engine.runner import ModelRunner
+from llmservice.server.engine.runner import ModelRunner, StepResult
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.engine.scheduler import Scheduler
 from llmservice.server.engine.step import SchedulerOutput
@@ -47,6 +54,34 @@ class StepStats:
     kind: str = ""  # "decode" (no prompt token), "prefill" (no decode), "mixed"; "" when empty
     target_s: float | None = None  # the step-time budget's target (None: no time limit)
     predicted_s: float = 0.0  # the cost model's prediction when the step was planned
+
+
+@dataclass
+class _InFlight:
+    """A step launched by overlapped scheduling whose tokens are not read yet."""
+
+    sched: SchedulerOutput
+    pending: overlap.PendingStep
+    launched_at: float
+    stats: StepStats
+
+
+def decode_graph_plan(config: EngineConfig, device: torch.device) -> tuple[bool, list[int]]:
+    """(capture CUDA graphs?, the padded decode sizes for the static inputs; [] = none).
+    Graphs: CUDA, the Triton kernels, one rank, unless --enforce-eager. Static inputs:
+    with graphs, or where --static-decode-inputs asks (CPU tests of the same path)."""
+    from llmservice.kernels import ops
+
+    triton = device.type == "cuda" and ops.backend_for(torch.empty(0, device=device)) == "triton"
+    if device.type == "cuda" and not triton and not config.enforce_eager:
+        log.warning("CUDA graphs are off: LLMSERVICE_KERNELS selects the torch kernels, which sync the host")
+    graphs = device.type == "cuda" and triton and not config.enforce_eager and config.tensor_parallel_size == 1
+    static = graphs if config.static_decode_inputs is None else bool(config.static_decode_inputs)
+    if graphs and not static:
+        raise ConfigError("CUDA graphs replay the static decode inputs: drop --no-static-decode-inputs or add "
+                          "--enforce-eager")  # fmt: skip
+    sizes = cuda_graphs.sizes_to_capture(config.max_cudagraph_capture_size, config.max_num_seqs) if static else []
+    return graphs, sizes
 
 
 class LLMEngine:
@@ -79,8 +114,11 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.capture_graphs, decode_sizes = decode_graph_plan(config, model.device) if runner is None else (False, [])
         if runner is None:
-            self.runner = ModelRunner(model, num_blocks, config.block_size, config.seed)
+            self.runner = ModelRunner(
+                model, num_blocks, config.block_size, config.seed, decode_sizes, self.max_model_len
+            )
             self.swap_space, self.swap_pools = startup.allocate_swap_space(
                 config, self.runner.kv_caches, memory_plan.kv_bytes_per_token
             )
@@ -104,6 +142,20 @@ class LLMEngine:
         self._ids = itertools.count()
         # --speculative-config: drafts proposed after each step (spec_decode.py)
         self.speculator = spec_decode.make_speculator(config, self.max_model_len, getattr(self, "cost_model", None))
+        # --async-scheduling (overlap.py): plan step N+1 while step N runs
+        try:
+            self.async_scheduling = overlap.resolve_async_scheduling(
+                config.async_scheduling, model.device.type, self.speculator is not None, config.tensor_parallel_size
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.launcher = (
+            overlap.InlineLauncher() if model.device.type == "cuda" or not self.async_scheduling
+            else overlap.ThreadLauncher()
+        )  # fmt: skip
+        self._in_flight: _InFlight | None = None
+        self._last_resolved_at = 0.0
+        self.overlap_syncs: dict[str, int] = {}  # steps that waited for the one in flight, by reason
 
     @classmethod
     def from_config(
@@ -140,6 +192,13 @@ class LLMEngine:
         )
         load_seconds = time.perf_counter() - t0
         plan = startup.plan_memory(config, model)
+        graphs, sizes = decode_graph_plan(config, device)
+        if graphs and plan.budget_source.startswith("--gpu-memory-utilization"):
+            # measured, then taken from the KV pool: the real capture comes after the pool
+            pad_block = plan.kv_bytes_per_token * config.block_size
+            plan = memory.reserve_for_graphs(
+                plan, cuda_graphs.measure_graph_bytes(model, config.block_size, max_model_len, sizes) + pad_block
+            )
         log.info(plan.describe())
         if plan.num_blocks * config.block_size < max_model_len:
             raise ConfigError(
@@ -148,6 +207,10 @@ class LLMEngine:
             )
         tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
         engine = cls(config, model, tokenizer, plan, load_seconds)
+        if engine.capture_graphs:
+            captured = engine.runner.capture_graphs()
+            log.info("CUDA graphs: %d decode sizes up to %d captured in %.1f s", len(captured.sizes),
+                     captured.sizes[-1], captured.capture_seconds)  # fmt: skip
         if engine.scheduler.time_budget_on:
             engine.seed_cost_model()
         # in every mode: auto chooses by them, and the advisor prices preemptions with them
@@ -285,7 +348,8 @@ class LLMEngine:
         return req is not None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests to run, or (overlap) a launched step whose tokens are not read yet."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     @property
     def num_running(self) -> int:
@@ -298,7 +362,10 @@ class LLMEngine:
     # ---- the loop ----------------------------------------------------------------------
     def step(self) -> list[Delta]:
         """One scheduler decision, run and sampled; a Delta for each request that got
-        tokens (or finished)."""
+        tokens (or finished). With --async-scheduling: launch this step, then return the
+        Deltas of the step launched before (overlap.py)."""
+        if self.async_scheduling:
+            return self._step_overlapped()
         t0 = time.perf_counter()
         failed = self._grammar_failures() if self.grammars else []
         sched = self.scheduler.schedule()
@@ -310,12 +377,18 @@ class LLMEngine:
         if sched.is_empty:
             self.last_step = stats
             return failed
+        return failed + self._finish_step(sched, result, stats, t0, launched=False)
+
+    def _finish_step(
+        self, sched: SchedulerOutput, result: StepResult, stats: StepStats, t0: float, launched: bool
+    ) -> list[Delta]:
+        """Apply a run step's tokens: stop rules, grammars, Deltas, drafts, timing."""
         stats.num_prompt_tokens = sched.num_prompt_tokens
         stats.num_batched_tokens = sched.num_batched_tokens
-        touched = self.scheduler.update(sched, result.tokens)
+        touched = self.scheduler.update(sched, result.tokens, launched=launched)
         if self.grammars:
             self._advance_grammars(touched)
-        deltas = failed + [
+        deltas = [
             self._make_delta(req, tokens, result.logprobs.get(req.request_id, []))
             for req, tokens in touched
         ]
@@ -325,6 +398,43 @@ class LLMEngine:
         stats.duration_s = time.perf_counter() - t0
         self._time_step(sched, stats)
         self.last_step = stats
+        return deltas
+
+    # ---- overlapped scheduling (overlap.py) ------------------------------------------------
+    def _step_overlapped(self) -> list[Delta]:
+        """Plan and launch step N+1, then read step N's tokens: the host's work for N+1
+        (scheduling, input tensors) runs while the device (or the worker thread) runs N."""
+        deltas = self._grammar_failures() if self.grammars else []
+        prev, self._in_flight = self._in_flight, None
+        sched = self.scheduler.schedule()
+        self.scheduler.launched(sched)
+        stats = StepStats(num_preempted=len(sched.preempted_request_ids))
+        reason = overlap.sync_reason(sched, self.grammars)
+        if reason is not None and prev is not None:
+            self.overlap_syncs[reason] = self.overlap_syncs.get(reason, 0) + 1
+            deltas += self._resolve(prev)
+            prev = None
+        self._do_swaps(sched)
+        if self.grammars:
+            self._fill_bitmasks(sched)
+        launched_at = time.perf_counter()
+        pending = self.launcher.submit(self.runner.submit, sched)
+        if sched.is_empty:
+            pending.result()  # tells the runner which requests finished; nothing to read
+            self.last_step = stats
+        else:
+            self._in_flight = _InFlight(sched, pending, launched_at, stats)
+        if prev is not None:
+            deltas += self._resolve(prev)
+        return deltas
+
+    def _resolve(self, step: _InFlight) -> list[Delta]:
+        """Wait for a launched step's tokens and apply them (exact stop rules; a request
+        that finished since it was planned gets nothing)."""
+        result = step.pending.result()
+        start = max(step.launched_at, self._last_resolved_at)
+        deltas = self._finish_step(step.sched, result, step.stats, start, launched=True)
+        self._last_resolved_at = time.perf_counter()
         return deltas
 
     # ---- structured outputs (grammar.py) --------------------------------------------------

@@ -6,7 +6,7 @@ states it at start-up: 'N blocks, M concurrent sequences at max_model_len'.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1 << 30
 
@@ -22,6 +22,7 @@ class MemoryPlan:
     max_model_len: int
     activation_peak_bytes: int = 0
     total_device_bytes: int = 0
+    graph_bytes: int = 0  # CUDA graphs + their static inputs + the pad block, taken from the KV budget
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -38,7 +39,16 @@ class MemoryPlan:
             f"KV {self.kv_bytes_per_token / 1024:.1f} KiB/token, {self.num_blocks} blocks x {self.block_size} tokens "
             f"= {self.kv_cache_bytes / GIB:.2f} GiB, max_model_len {self.max_model_len} -> "
             f"{self.max_concurrent_at_max_len} concurrent sequences at full length"
+            + (f"; CUDA graphs {self.graph_bytes / GIB:.2f} GiB" if self.graph_bytes else "")
         )
+
+
+def reserve_for_graphs(plan: MemoryPlan, graph_bytes: int) -> MemoryPlan:
+    """The plan with `graph_bytes` (measured at capture) taken out of the KV pool, so
+    graphs captured after the pool is allocated fit in the same utilization budget."""
+    block_bytes = plan.kv_bytes_per_token * plan.block_size
+    fewer = -(-graph_bytes // block_bytes) if graph_bytes > 0 else 0
+    return replace(plan, num_blocks=max(0, plan.num_blocks - fewer), graph_bytes=plan.graph_bytes + graph_bytes)
 
 
 def blocks_for_budget(kv_budget_bytes: int, kv_bytes_per_token: int, block_size: int) -> int:

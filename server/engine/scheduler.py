@@ -12,6 +12,12 @@ decodes go first and the prefill chunks are sized by the fitted step cost model.
 victim chosen by the policy is preempted (recompute: its blocks are freed and it is
 re-prefilled later; prefix caching usually makes that cheap), so the engine never
 deadlocks under memory pressure.
+
+Overlapped scheduling (overlap.py): `launched` is called once a step is on its way, so
+the next `schedule` plans as if that step's tokens were computed and each request it
+samples for had one more token, a placeholder (`step.PLACEHOLDER_TOKEN`) until
+`update(..., launched=True)` brings the real one. Without overlap nothing is pending
+and every rule is as before.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.engine.cost_model import StepCostModel, StepShape
 from llmservice.server.engine.prefix_sketch import PrefixSketch
 from llmservice.server.engine.request import Request, RequestStatus
-from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
+from llmservice.server.engine.step import PLACEHOLDER_TOKEN, ScheduledRequest, SchedulerOutput
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
 
 log = logging.getLogger("llmservice.scheduler")
@@ -100,6 +106,8 @@ class Scheduler:
         self.budget_stats = step_budget.BudgetStats()
         self._overrun_logged_at: float | None = None
         self._overruns_at_log = 0
+        # overlapped scheduling: tokens sampled by a launched step, not yet on the host
+        self._pending: dict[str, int] = {}
 
     # ---- queue management ------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -122,6 +130,7 @@ class Scheduler:
             self.swap_space.free(request.swap_blocks)
             request.swap_blocks = []
         self.bm.free(request)
+        self._pending.pop(request.request_id, None)
         request.status = status
         request.finish_time = self.clock()
         self.requests.pop(request.request_id, None)
@@ -177,11 +186,35 @@ class Scheduler:
         self.stats.num_swap_ins += 1
         return True
 
+    # ---- overlapped scheduling -----------------------------------------------------------
+    def _known(self, req: Request) -> int:
+        """Its tokens, counting those a launched step is sampling (placeholders)."""
+        return req.num_tokens + self._pending.get(req.request_id, 0)
+
+    def _ends_by_length(self, req: Request) -> bool:
+        """Its pending token certainly ends it (max_tokens or max_model_len): planning it
+        into the next step would only compute a token to discard."""
+        pending = self._pending.get(req.request_id, 0)
+        return pending > 0 and (
+            req.num_output_tokens + pending >= req.max_tokens or req.num_tokens + pending >= self.max_model_len
+        )
+
+    def launched(self, out: SchedulerOutput) -> None:
+        """The step is on its way (overlap): its tokens count as computed, and each request
+        it samples for has a pending token until `update(out, ..., launched=True)`."""
+        for step in out.scheduled:
+            req = self.requests.get(step.request_id)
+            if req is None or req.is_finished:
+                continue
+            req.num_computed_tokens += step.num_tokens
+            if step.sample:
+                self._pending[step.request_id] = self._pending.get(step.request_id, 0) + 1
+
     # ---- the step decision -----------------------------------------------------------
     def _num_to_schedule(self, req: Request, budget: int) -> int:
         """Tokens to compute for a running request: the rest of its prompt or its last
         token, plus its draft tokens when it decodes, within the budget and max_model_len."""
-        num_new = req.num_tokens - req.num_computed_tokens
+        num_new = self._known(req) - req.num_computed_tokens
         if num_new == 1 and req.spec_token_ids:
             num_new += len(req.spec_token_ids)
         return min(num_new, budget, self.max_model_len - req.num_computed_tokens)
@@ -223,6 +256,8 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING or req.request_id in plan.scheduled:
                 continue  # preempted by an earlier request of this step
+            if self._ends_by_length(req):
+                continue
             num_new = self._num_to_schedule(req, plan.budget)
             if allotted is not None:
                 num_new = min(num_new, allotted.get(req.request_id, 0))
@@ -253,7 +288,7 @@ class Scheduler:
                 cfg.priority_aging_per_s,
                 cfg.max_queue_delay_ms,
             )
-            num_new = min(req.num_tokens - req.num_computed_tokens, plan.budget)
+            num_new = min(self._known(req) - req.num_computed_tokens, plan.budget)
             if not self._swap_in(req, num_new, out):
                 break
             self.running.append(req)
@@ -274,7 +309,7 @@ class Scheduler:
             if req is None:
                 break
             hits, num_cached = self.bm.get_computed_blocks(req)
-            num_new = req.num_tokens - num_cached
+            num_new = self._known(req) - num_cached
             if num_new > plan.budget:
                 if not cfg.enable_chunked_prefill:
                     break
@@ -331,35 +366,46 @@ class Scheduler:
             out.new_requests[rid] = req.sampling_params
         start = req.num_computed_tokens
         end = start + num_new
-        known = req.num_tokens
+        known = self._known(req)
         out.num_prompt_tokens += max(0, min(req.num_prompt_tokens, end) - start)
+        token_ids = req.all_token_ids[start : min(end, req.num_tokens)]
+        token_ids += [PLACEHOLDER_TOKEN] * (min(end, known) - max(start, req.num_tokens))
         return ScheduledRequest(
             request_id=rid,
-            token_ids=req.all_token_ids[start : min(end, known)],
+            token_ids=token_ids,
             start_position=start,
             block_table_start=table_start,
             new_block_ids=self.bm.block_ids(rid)[table_start:],
             sample=end >= known,
-            output_index=req.num_output_tokens,
+            output_index=req.num_output_tokens + self._pending.get(rid, 0),
             spec_token_ids=req.spec_token_ids[: max(0, end - known)],
         )
 
     def update(
-        self, out: SchedulerOutput, sampled: dict[str, list[int]]
+        self, out: SchedulerOutput, sampled: dict[str, list[int]], launched: bool = False
     ) -> list[tuple[Request, list[int]]]:
         """Advance computed tokens, append the sampled tokens, finish what stopped.
 
         `sampled` holds, per request, the tokens its step produced: one per step without
         speculation; with draft tokens, the accepted drafts then the target's own next
         token. The KV of rejected drafts is rolled back. Tokens after one that stops the
-        request are dropped. Returns each request that got tokens, with those it kept."""
+        request are dropped. Returns each request that got tokens, with those it kept.
+        `launched`: `launched(out)` already counted the step's tokens (overlap); a request
+        that finished meanwhile (stopped by the step before, aborted) gets nothing."""
         now = self.clock()
         touched: list[tuple[Request, list[int]]] = []
         for step in out.scheduled:
             req = self.requests.get(step.request_id)
             if req is None or req.is_finished:
                 continue
-            req.num_computed_tokens += step.num_tokens
+            if not launched:
+                req.num_computed_tokens += step.num_tokens
+            elif step.sample:
+                left = self._pending.get(step.request_id, 0) - 1
+                if left > 0:
+                    self._pending[step.request_id] = left
+                else:
+                    self._pending.pop(step.request_id, None)
             tokens = sampled.get(step.request_id, [])
             if step.spec_token_ids:
                 rejected = len(step.spec_token_ids) - max(len(tokens) - 1, 0)
@@ -391,10 +437,9 @@ class Scheduler:
         ms = self.config.max_step_ms
         return bool(self.config.enable_chunked_prefill) and (ms is None or ms > 0)
 
-    @staticmethod
-    def _is_decoding(req: Request) -> bool:
+    def _is_decoding(self, req: Request) -> bool:
         """Its prompt is computed: it computes its last sampled token (and any drafts)."""
-        return req.num_tokens - req.num_computed_tokens == 1
+        return self._known(req) - req.num_computed_tokens == 1
 
     def _projected_decodes(self) -> StepShape:
         """A decode-only step of the batch the engine is heading for: the running, swapped
@@ -445,7 +490,7 @@ class Scheduler:
             )
             for req in waiting:
                 _, num_cached = self.bm.get_computed_blocks(req)
-                needs.append((req.num_tokens - num_cached, num_cached))
+                needs.append((self._known(req) - num_cached, num_cached))
         seconds = None if target is None else target - coefs.predict(self._planned_shape(plan))
         allotted = step_budget.share_prefill(
             needs,
@@ -466,7 +511,7 @@ class Scheduler:
                     break
                 # looked up again: an admission just before may have evicted cached blocks
                 hits, num_cached = self.bm.get_computed_blocks(req)
-                num_new = min(tokens, req.num_tokens - num_cached, plan.budget)
+                num_new = min(tokens, self._known(req) - num_cached, plan.budget)
                 if not self._admit(req, num_new, hits, num_cached, plan, now):
                     break
         self.budget_stats.target_s = target

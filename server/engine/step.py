@@ -15,6 +15,12 @@ from typing import Any
 
 from llmservice.server.engine.sampling_params import SamplingParams
 
+# With overlapped scheduling (overlap.py) a step is planned before the previous step's
+# tokens are known: a request's token from the step in flight is this placeholder in
+# `token_ids` (always the last one), and the runner fills it from that step's sampled
+# tokens where they are (on the device on CUDA), never waiting for the host.
+PLACEHOLDER_TOKEN = -1
+
 
 @dataclass
 class ScheduledRequest:
@@ -23,6 +29,7 @@ class ScheduledRequest:
     request_id: str
     # Tokens whose KV this step computes: a prompt chunk, the last sampled token, or a
     # recompute after preemption; at positions start_position, start_position + 1, ...
+    # The last may be PLACEHOLDER_TOKEN: the token the previous step samples for it.
     token_ids: list[int]
     start_position: int
     # The runner's block table becomes table[:block_table_start] + new_block_ids: 0 when the

@@ -184,6 +184,29 @@ class LlamaModel:
     ) -> torch.Tensor | None:
         """Run T new tokens through the model; return fp32 logits [S, vocab] at
         logits_indices (on rank 0; other ranks of a tensor-parallel group get None)."""
+        hidden = self.forward_hidden(input_ids, positions, meta, kv_caches)
+        return self.compute_logits(hidden, logits_indices)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor | None:
+        """fp32 logits of the rows `logits_indices` of the final hidden states. Kept out
+        of `forward_hidden` so a CUDA graph holds the layers only: the [batch, vocab]
+        logits of every padded row would cost graph memory for rows nobody samples."""
+        logits = self.lm_head(hidden.index_select(0, logits_indices))
+        return logits.float() if logits is not None else None
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """The decoder layers and the final norm: hidden states [T, hidden]. No host
+        synchronisation: on CUDA (Triton kernels) it reads only tensors and the host
+        values of `meta` (num_decodes, query_lens, seq_lens_host as launch sizes), so a
+        pure-decode step can be captured in a CUDA graph (cuda_graphs.py)."""
         cfg = self.config
         t = input_ids.shape[0]
         eps = cfg.rms_norm_eps
@@ -211,8 +234,7 @@ class LlamaModel:
                 self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             )
             x, residual = ops.fused_add_rms_norm(mlp, residual, next_norm, eps)
-        logits = self.lm_head(x.index_select(0, logits_indices))
-        return logits.float() if logits is not None else None
+        return x
 
 
 def score_tokens(model: LlamaModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:

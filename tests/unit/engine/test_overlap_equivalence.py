@@ -1,0 +1,126 @@
+"""Overlapped scheduling and the static (CUDA-graph) decode inputs change nothing a client
+sees: the tokens are identical with either on or off, under recompute and swap
+preemption, prefix hits, chunked prefill, stops and aborts, and no KV block leaks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from llmservice.server.engine import overlap
+from llmservice.server.engine.sampling_params import SamplingParams
+
+
+def workload(seed: int = 5):
+    """Eight requests: shared prefixes (prefix hits), a few seeded samplers (host sampling
+    and their output positions), lengths that end mid-block."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(200, 40000) for _ in range(40)]
+    prompts, params = [], []
+    for i in range(8):
+        suffix = [rng.randrange(200, 40000) for _ in range(rng.randint(1, 20))]
+        prompts.append((shared if i % 2 else []) + suffix)
+        temperature, seed_ = (0.8, 100 + i) if i % 4 == 3 else (0.0, None)
+        params.append(SamplingParams(temperature=temperature, seed=seed_, max_tokens=rng.randint(3, 10), ignore_eos=True))
+    return prompts, params
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return workload()
+
+
+def _engine(make_engine, **overrides):
+    overrides.setdefault("max_model_len", 128)
+    return make_engine(**overrides)
+
+
+@pytest.fixture(scope="module")
+def reference(make_engine, mixed):
+    eng = _engine(make_engine, async_scheduling=False, static_decode_inputs=False)
+    return [o.token_ids for o in eng.generate(*mixed)]
+
+
+CASES = {
+    "static": dict(static_decode_inputs=True),
+    "overlap_thread": dict(async_scheduling=True),
+    "overlap_inline_static": dict(async_scheduling=True, static_decode_inputs=True),
+    "overlap_chunk_7_prefix": dict(async_scheduling=True, static_decode_inputs=True, max_num_batched_tokens=7),
+    # 6 blocks of 16 hold about two of these requests: decodes preempt each other
+    "overlap_recompute": dict(
+        async_scheduling=True, static_decode_inputs=True, num_gpu_blocks_override=6, max_model_len=96
+    ),
+    "overlap_swap": dict(
+        async_scheduling=True, static_decode_inputs=True, num_gpu_blocks_override=6, max_model_len=96,
+        preemption_mode="swap", swap_space=0.05,
+    ),
+}
+
+
+def _assert_clean(eng) -> None:
+    eng.block_manager.check_invariants()
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    assert eng.swap_space.num_free == eng.swap_space.num_blocks
+    assert not eng.has_unfinished_requests() and eng.scheduler._pending == {}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tokens_identical(make_engine, mixed, reference, case):
+    eng = _engine(make_engine, **CASES[case])
+    if "inline" in case:
+        eng.launcher = overlap.InlineLauncher()  # CUDA's launcher, run on CPU
+    assert [o.token_ids for o in eng.generate(*mixed)] == reference
+    _assert_clean(eng)
+    if CASES[case].get("static_decode_inputs"):
+        assert eng.runner.num_static_steps > 0
+        assert eng.runner.kv_caches[0][0].shape[0] == eng.block_manager.num_blocks + 1  # the pad block
+    stats = eng.scheduler.stats
+    if "num_gpu_blocks_override" in CASES[case]:
+        assert stats.num_preemptions > 0
+    if case == "overlap_swap":
+        assert stats.num_swap_outs > 0 and eng.overlap_syncs.get("swap", 0) > 0
+    if "prefix" in case:
+        assert stats.prefix_hits > 0
+
+
+def test_stops_are_exact_with_overlap(make_engine, mixed, reference):
+    """A stop token met by the step in flight ends the request there: the token its next
+    (already launched) step computed is never emitted."""
+    greedy = [0, 1, 2, 4]  # the workload's seeded samplers are 3 and 7
+    prompts = [mixed[0][i] for i in greedy]
+    params = [
+        SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop_token_ids=[reference[i][1]])
+        for i in greedy
+    ]
+    expected = _engine(make_engine).generate(prompts, params)
+    eng = _engine(make_engine, async_scheduling=True, static_decode_inputs=True)
+    got = eng.generate(prompts, params)
+    assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in expected]
+    assert all(len(o.token_ids) <= 2 for o in got)
+    _assert_clean(eng)
+
+
+def test_aborts_in_flight_free_every_block(make_engine, mixed, reference):
+    """Requests aborted while their step is in flight: the others' tokens are unchanged,
+    the aborted ones get nothing more, and every block (and the runner's state) is free."""
+    eng = _engine(make_engine, async_scheduling=True, static_decode_inputs=True)
+    prompts, params = mixed
+    ids = [eng.add_request(p, sp).request_id for p, sp in zip(prompts, params, strict=True)]
+    got: dict[str, list[int]] = {rid: [] for rid in ids}
+    aborted = {ids[1], ids[4]}
+    steps = 0
+    while eng.has_unfinished_requests():
+        for d in eng.step():
+            assert d.request_id not in aborted or steps < 3
+            got[d.request_id].extend(d.new_token_ids)
+        steps += 1
+        if steps == 3:
+            assert eng._in_flight is not None  # the aborts land while a step is launched
+            for rid in aborted:
+                assert eng.abort_request(rid)
+    for i, rid in enumerate(ids):
+        if rid not in aborted:
+            assert got[rid] == reference[i]
+    _assert_clean(eng)
+    eng.step()  # the next step tells the runner which requests finished
+    assert eng.runner.requests == {}
