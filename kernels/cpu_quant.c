@@ -22,6 +22,9 @@ static inline int omp_get_thread_num(void) { return 0; }
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define QK_AVX2 1
+#ifdef __AVX512F__
+#define QK_AVX512 1
+#endif
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
@@ -134,27 +137,87 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* One weight row (nb blocks) against MB activation rows (MB 1..4, a constant after
- * inlining): y[m] = sum_k w[k] x[m][k]. Two accumulators per row, in the same order for
- * every MB, so a row's result does not depend on how many rows share its pass (batch
- * invariance: a token gets the same logits alone or in a batch of 100). */
+#ifdef QK_AVX512
+/* The 32 weights of one block as two 16-lane vectors (elements 0-15, 16-31): the same
+ * values, by the same operations, as unpack_avx2. */
+static inline __attribute__((always_inline)) void unpack_avx512(int kind, const uint8_t *b, __m512 w[2]) {
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(rd16(b)));
+    if (kind == Q8_0) {
+        w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))));
+        w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))));
+        return;
+    }
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    __m128i q = _mm_loadu_si128((const __m128i *)(b + (kind == Q4_1 ? 4 : 2)));
+    __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, mask)));
+    __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask)));
+    if (kind == Q4_1) {
+        __m512 m = _mm512_set1_ps(_cvtsh_ss(rd16(b + 2)));
+        w[0] = _mm512_fmadd_ps(d, q0, m);
+        w[1] = _mm512_fmadd_ps(d, q1, m);
+    } else {
+        __m512 eight = _mm512_set1_ps(8.0f);
+        w[0] = _mm512_mul_ps(d, _mm512_sub_ps(q0, eight));
+        w[1] = _mm512_mul_ps(d, _mm512_sub_ps(q1, eight));
+    }
+}
+
+/* hsum(a0 + a1) of an accumulator whose lanes 0-7 are a0 and 8-15 are a1. */
+static inline float hsum512(__m512 a) {
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(a),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+}
+#endif
+
+/* NR weight rows (nb blocks each, row_bytes apart) against MB activation rows (NR 1..4,
+ * MB 1..4, constants after inlining): out[m][r] = sum_k w_r[k] x[m][k]. Per output two
+ * 8-lane accumulators, a0 (elements 0-7 and 16-23 of each block) and a1 (8-15, 24-31),
+ * fed block after block, then hsum(a0 + a1): the same order whatever MB and NR, so a
+ * row's result does not depend on how many rows share its pass (batch invariance: a token
+ * gets the same logits alone or in a batch of 100). Several weight rows per pass give the
+ * CPU independent FMA chains when there is a single activation row (decode). */
 static inline __attribute__((always_inline)) void row_dot(
-    int kind, const uint8_t *row, int64_t nb, int bb, const float *x, int64_t ldx, int MB, float *out) {
-    __m256 a[4][2];
-    for (int m = 0; m < 4; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();
+    int kind, const uint8_t *row, int64_t row_bytes, int NR, int64_t nb, int bb, const float *x, int64_t ldx,
+    int MB, float out[4][4]) {
+#ifdef QK_AVX512 /* a0 and a1 as the halves of one register: a block is x[0..16) then x[16..32) */
+    __m512 a[4][4];
+    for (int m = 0; m < 4; m++)
+        for (int r = 0; r < 4; r++) a[m][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256 w[4];
-        unpack_avx2(kind, row + b * bb, w);
         const float *xb = x + b * 32;
-        for (int m = 0; m < MB; m++) {
-            const float *xm = xb + m * ldx;
-            a[m][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xm), a[m][0]);
-            a[m][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xm + 8), a[m][1]);
-            a[m][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xm + 16), a[m][0]);
-            a[m][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xm + 24), a[m][1]);
+        for (int r = 0; r < NR; r++) {
+            __m512 w[2];
+            unpack_avx512(kind, row + r * row_bytes + b * bb, w);
+            for (int m = 0; m < MB; m++) {
+                const float *xm = xb + m * ldx;
+                a[m][r] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xm), a[m][r]);
+                a[m][r] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xm + 16), a[m][r]);
+            }
         }
     }
-    for (int m = 0; m < MB; m++) out[m] = hsum(_mm256_add_ps(a[m][0], a[m][1]));
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < NR; r++) out[m][r] = hsum512(a[m][r]);
+#else
+    __m256 a[4][4][2];
+    for (int m = 0; m < 4; m++)
+        for (int r = 0; r < 4; r++) a[m][r][0] = a[m][r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * 32;
+        for (int r = 0; r < NR; r++) {
+            __m256 w[4];
+            unpack_avx2(kind, row + r * row_bytes + b * bb, w);
+            for (int m = 0; m < MB; m++) {
+                const float *xm = xb + m * ldx;
+                a[m][r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xm), a[m][r][0]);
+                a[m][r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xm + 8), a[m][r][1]);
+                a[m][r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xm + 16), a[m][r][0]);
+                a[m][r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xm + 24), a[m][r][1]);
+            }
+        }
+    }
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < NR; r++) out[m][r] = hsum(_mm256_add_ps(a[m][r][0], a[m][r][1]));
+#endif
 }
 #endif
 
@@ -178,7 +241,7 @@ static void row_dot_scalar(int kind, const uint8_t *row, int64_t nb, int bb, con
  * accumulator holds row_dot's a0 and a1: one 16-lane register with AVX-512 (lanes 0-7 are
  * a0, 8-15 a1: a block's x[0..16) then x[16..32) feed them exactly as w[0], w[1] then w[2],
  * w[3] do), else the two 8-lane registers themselves. */
-#ifdef __AVX512F__
+#ifdef QK_AVX512
 #define TM 4
 #define TN 4
 #else
@@ -192,7 +255,7 @@ static void row_dot_scalar(int kind, const uint8_t *row, int64_t nb, int bb, con
  * hsum(a0 + a1)), so each output has row_dot's bits; only the unpacking moved out. */
 static inline __attribute__((always_inline)) void tile_dot(
     const float *ws, int64_t K, const float *x, int64_t ldx, int MB, float out[TM][TN]) {
-#ifdef __AVX512F__
+#ifdef QK_AVX512
     __m512 a[TM][TN];
     for (int m = 0; m < TM; m++)
         for (int n = 0; n < TN; n++) a[m][n] = _mm512_setzero_ps();
@@ -210,8 +273,7 @@ static inline __attribute__((always_inline)) void tile_dot(
     }
     for (int m = 0; m < MB; m++)
         for (int n = 0; n < TN; n++)
-            out[m][n] = hsum(_mm256_add_ps(_mm512_castps512_ps256(a[m][n]),
-                                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[m][n]), 1))));
+            out[m][n] = hsum512(a[m][n]);
 #else
     __m256 a[TM][TN][2];
     for (int m = 0; m < TM; m++)
@@ -262,9 +324,16 @@ static inline __attribute__((always_inline)) int tiled_impl(
             for (int64_t t = 0; t < tiles; t++) {
                 const int64_t n0 = t * TN, nr = N - n0 < TN ? N - n0 : TN;
                 for (int64_t i = 0; i < nr * nb; i++) {
+#ifdef QK_AVX512
+                    __m512 v[2];
+                    unpack_avx512(kind, w + n0 * row_bytes + i * bb, v);
+                    _mm512_storeu_ps(ws + i * 32, v[0]);
+                    _mm512_storeu_ps(ws + i * 32 + 16, v[1]);
+#else
                     __m256 v[4];
                     unpack_avx2(kind, w + n0 * row_bytes + i * bb, v);
                     for (int j = 0; j < 4; j++) _mm256_storeu_ps(ws + i * 32 + 8 * j, v[j]);
+#endif
                 }
                 for (int64_t m0 = c0; m0 < c1; m0 += TM) {
                     const int mb = (int)(c1 - m0 < TM ? c1 - m0 : TM);
@@ -291,33 +360,67 @@ static inline __attribute__((always_inline)) int tiled_impl(
 }
 #endif
 
+/* Weight rows per direct pass: 4 with AVX-512's 32 registers (4 x 4 accumulators at most),
+ * 2 with AVX2's 16 for up to 2 activation rows (1 from 3: 4 x 2 accumulators). */
+#ifdef QK_AVX512
+#define RN 4
+#define RN_WIDE 4
+#else
+#define RN 2
+#define RN_WIDE 1
+#endif
+
+/* One direct pass with constant MB and NR (the compiler specialises row_dot for each). */
+#define ROW_DOT_CASE(MBV, NRV) row_dot(kind, row, row_bytes, NRV, nb, bb, xm, ldx, MBV, out)
+
 /* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[N, K]^T (+ bias[N] if given).
- * Parallel over output rows; activations in chunks of 4 rows per weight-row pass.
+ * Parallel over groups of RN output rows; activations in chunks of 4 rows per pass.
  * `kind` is a constant in each of qk_matmul's calls, so every format gets its own loop. */
 static inline __attribute__((always_inline)) void matmul_impl(
     int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
     int64_t ldy, const float *bias, int nthreads) {
     const int bb = qk_block_bytes(kind);
-    const int64_t nb = K / 32, row_bytes = nb * bb;
+    const int64_t nb = K / 32, row_bytes = nb * bb, groups = (N + RN - 1) / RN;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = w + n * row_bytes;
-        const float add = bias ? bias[n] : 0.0f;
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t n0 = g * RN, nr = N - n0 < RN ? N - n0 : RN;
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
-            int mb = (int)(M - m0 < 4 ? M - m0 : 4);
-            float out[4];
+            const int mb = (int)(M - m0 < 4 ? M - m0 : 4);
             const float *xm = x + m0 * ldx;
+            float out[4][4];
 #ifdef QK_AVX2
-            switch (mb) { /* constant MB per call: the compiler specialises row_dot */
-            case 1: row_dot(kind, row, nb, bb, xm, ldx, 1, out); break;
-            case 2: row_dot(kind, row, nb, bb, xm, ldx, 2, out); break;
-            case 3: row_dot(kind, row, nb, bb, xm, ldx, 3, out); break;
-            default: row_dot(kind, row, nb, bb, xm, ldx, 4, out); break;
+            for (int64_t r0 = 0; r0 < nr;) {
+                const uint8_t *row = w + (n0 + r0) * row_bytes;
+                float (*o)[4] = out;
+                int step;
+                if (mb <= 2 && nr - r0 >= RN) {
+                    step = RN;
+                    if (mb == 1) ROW_DOT_CASE(1, RN); else ROW_DOT_CASE(2, RN);
+                } else if (mb > 2 && RN_WIDE > 1 && nr - r0 >= RN_WIDE) {
+                    step = RN_WIDE;
+                    if (mb == 3) ROW_DOT_CASE(3, RN_WIDE); else ROW_DOT_CASE(4, RN_WIDE);
+                } else { /* the last rows of the matrix, one at a time */
+                    step = 1;
+                    switch (mb) {
+                    case 1: ROW_DOT_CASE(1, 1); break;
+                    case 2: ROW_DOT_CASE(2, 1); break;
+                    case 3: ROW_DOT_CASE(3, 1); break;
+                    default: ROW_DOT_CASE(4, 1); break;
+                    }
+                }
+                for (int m = 0; m < mb; m++)
+                    for (int r = 0; r < step; r++)
+                        y[(m0 + m) * ldy + n0 + r0 + r] = o[m][r] + (bias ? bias[n0 + r0 + r] : 0.0f);
+                r0 += step;
             }
 #else
-            row_dot_scalar(kind, row, nb, bb, xm, ldx, mb, out);
+            for (int64_t r = 0; r < nr; r++) {
+                float o[4];
+                row_dot_scalar(kind, w + (n0 + r) * row_bytes, nb, bb, xm, ldx, mb, o);
+                for (int m = 0; m < mb; m++) y[(m0 + m) * ldy + n0 + r] = o[m] + (bias ? bias[n0 + r] : 0.0f);
+            }
+            (void)out;
 #endif
-            for (int m = 0; m < mb; m++) y[(m0 + m) * ldy + n] = out[m] + add;
         }
     }
 }

@@ -102,12 +102,30 @@ def _scratch_buffer(elements: int) -> torch.Tensor:
 
 
 def _check_x(w: Packed, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.device.type != "cpu":
+    """x as [M, K] with unit column stride. Cheap checks first: at batch 1 this wrapper
+    runs ~120 times per token, so each microsecond here is a visible share of a decode."""
+    if x.dtype != torch.float32 or not x.is_cpu:
         raise TypeError(f"packed matmul takes fp32 CPU activations, got {x.dtype} on {x.device}")
     if x.shape[-1] != w.cols:
         raise ValueError(f"activations have {x.shape[-1]} features, the weight {w.cols}")
-    x2 = x.reshape(-1, w.cols)
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+    x2 = x if x.dim() == 2 else x.reshape(-1, w.cols)
+    return x2 if x2.stride(1) == 1 else x2.contiguous()
+
+
+_kernels: tuple | None = None
+
+
+def _fns() -> tuple:
+    """(qk_matmul, qk_matmul_tiled), the latter's argument types declared here, once."""
+    global _kernels
+    if _kernels is None:
+        lib = cpu_native.library()
+        tiled = lib.qk_matmul_tiled
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        tiled.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
+        tiled.restype = i32
+        _kernels = (lib.qk_matmul, tiled)
+    return _kernels
 
 
 def matmul(
@@ -115,48 +133,32 @@ def matmul(
 ) -> torch.Tensor:
     """x [..., K] fp32 @ W.T (+ bias) -> [..., N] fp32."""
     x2 = _check_x(w, x)
-    m = x2.shape[0]
-    out = torch.empty((m, w.rows), dtype=torch.float32)
+    m, n = x2.shape[0], w.data.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32)
     if m:
         chosen = path or choose_path(m)
-        if chosen == "tiled":
-            _tiled(x2, w, bias, out)
-        elif chosen == "direct":
-            _direct(x2, w, bias, out)
-        elif chosen == "dequant_gemm":
+        if chosen == "dequant_gemm":
             _dequant_gemm(x2, w, bias, out)
+        elif chosen in ("direct", "tiled"):
+            _run(x2, w, bias, out, tiled=chosen == "tiled")
         else:
             raise ValueError(f"unknown path {chosen!r} (direct, tiled, dequant_gemm)")
-    return out.view(*x.shape[:-1], w.rows)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
-def _direct(x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    lib = cpu_native.library()
-    b = bias.contiguous() if bias is not None else None
-    lib.qk_matmul(w.kind, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0], x.stride(0),
-                  out.data_ptr(), out.stride(0), b.data_ptr() if b is not None else None,
-                  torch.get_num_threads())  # fmt: skip
-
-
-def _tiled_fn():
-    """qk_matmul_tiled with its argument types (declared here, once)."""
-    fn = cpu_native.library().qk_matmul_tiled
-    if fn.restype is not ctypes.c_int or not fn.argtypes:
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        fn.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
-        fn.restype = i32
-    return fn
-
-
-def _tiled(x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    """Each weight block unpacked once per chunk of rows into a per-thread scratch and
-    reused by every row of the chunk: direct's bits at GEMM-like speed for many rows."""
-    b = bias.contiguous() if bias is not None else None
-    rc = _tiled_fn()(w.kind, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0],
-                     x.stride(0), out.data_ptr(), out.stride(0),
-                     b.data_ptr() if b is not None else None, torch.get_num_threads())  # fmt: skip
-    if rc != 0:  # its scratch could not be allocated: direct gives the same bits
-        _direct(x, w, bias, out)
+def _run(
+    x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor, tiled: bool
+) -> None:
+    """direct: blocks unpacked in registers, once per 4 activation rows. tiled: each weight
+    block unpacked once per chunk of rows into a per-thread scratch and reused by every row
+    of the chunk. Same summation order per output, so the same bits."""
+    direct, tiled_fn = _fns()
+    b = None if bias is None else bias.contiguous()  # kept alive until the call returns
+    args = (w.kind, w.data.data_ptr(), out.shape[1], w.cols, x.data_ptr(), x.shape[0],
+            x.stride(0), out.data_ptr(), out.stride(0), None if b is None else b.data_ptr(),
+            torch.get_num_threads())  # fmt: skip
+    if not tiled or tiled_fn(*args) != 0:  # tiled's scratch not allocated: direct, same bits
+        direct(*args)
 
 
 def _dequant_gemm(x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor) -> None:

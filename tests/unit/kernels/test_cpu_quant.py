@@ -70,7 +70,7 @@ def test_matmul_matches_dequantize_then_matmul(kind, path, rows, cols, m):
 def test_bias_leading_dims_and_strided_rows(path):
     raw = random_blocks(Q4_1, 12, 64)
     w = reference_weights(Q4_1, raw, 64).double()
-    bias = torch.randn(12)
+    bias = torch.randn(12, 2)[:, 0]  # not contiguous either
     x = torch.randn(2, 3, 128)[..., :64]  # rows not contiguous: a stride of 128
     y = cpu_quant.matmul(x, Packed(Q4_1, raw, 64), bias, path=path)
     assert y.shape == (2, 3, 12)
