@@ -24,7 +24,7 @@ from llmservice.server.engine.cuda_graphs import DecodeGraphs
 from llmservice.server.engine.request import TokenLogprob
 from llmservice.server.engine.sampler import Sampler, SampleRow
 from llmservice.server.engine.sampling_params import SamplingParams
-from llmservice.server.engine.static_inputs import StaticDecodeInputs, pad_decode
+from llmservice.server.engine.static_inputs import StaticDecodeInputs, pad_decode, to_device
 from llmservice.server.engine.step import PLACEHOLDER_TOKEN, ScheduledRequest, SchedulerOutput
 from llmservice.server.model.llama import LlamaModel
 
@@ -180,10 +180,8 @@ class ModelRunner:
         return b
 
     def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """A host list on the device; non_blocking on CUDA (pageable memory is staged by the
-        driver before the call returns), so building a step's inputs never waits for the GPU."""
-        t = torch.tensor(values, dtype=dtype)
-        return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
+        """A host list on the device, copied without waiting for the GPU (static_inputs.to_device)."""
+        return to_device(values, dtype, self.device)
 
     def prepare(self, scheduled: list[ScheduledRequest]):
         """The eager path's tensors: (ids, positions, metadata, logits rows, sample rows)."""

@@ -64,6 +64,20 @@ def pad_decode(
     )
 
 
+def host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor to copy to `device` without waiting: on CUDA in pinned
+    memory (from torch's caching host allocator, which keeps the block until the
+    non-blocking copy that reads it has run), so the copy never syncs the stream."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on `device`, copied asynchronously on CUDA (see host_tensor)."""
+    t = host_tensor(values, dtype, device)
+    return t.to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 class StaticDecodeInputs:
     """The buffers, sized for the largest padded batch and the longest block table."""
 
@@ -97,9 +111,9 @@ class StaticDecodeInputs:
 
     def fill(self, batch: PaddedDecode) -> None:
         """Copy a padded step into the buffers in place (the addresses never change). On
-        CUDA the host values are pageable tensors copied with non_blocking: the driver
-        stages them before returning, and the copies queue behind the previous step on
-        the stream, so neither side waits."""
+        CUDA from pinned host tensors with non_blocking: the copies queue behind the
+        previous step on the stream (after its graph read the buffers), and the host
+        does not wait for them."""
         n = batch.size
         if n > self.max_batch:
             raise ValueError(f"a padded batch of {n} exceeds the static buffers' {self.max_batch} rows")
@@ -109,7 +123,7 @@ class StaticDecodeInputs:
         cuda = self.device.type == "cuda"
 
         def put(dst: torch.Tensor, values: list, dtype: torch.dtype) -> None:
-            dst.copy_(torch.tensor(values, dtype=dtype), non_blocking=cuda)
+            dst.copy_(host_tensor(values, dtype, self.device), non_blocking=cuda)
 
         put(self.input_ids[:n], batch.input_ids, torch.int64)
         put(self.positions[:n], batch.positions, torch.int64)
