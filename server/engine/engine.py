@@ -141,7 +141,9 @@ class LLMEngine:
         self.last_step = StepStats()
         self._ids = itertools.count()
         # --speculative-config: drafts proposed after each step (spec_decode.py)
-        self.speculator = spec_decode.make_speculator(config, self.max_model_len, getattr(self, "cost_model", None))
+        self.speculator = spec_decode.make_speculator(
+            config, self.max_model_len, getattr(self, "cost_model", None), model, num_blocks
+        )
         # --async-scheduling (overlap.py): plan step N+1 while step N runs
         try:
             self.async_scheduling = overlap.resolve_async_scheduling(

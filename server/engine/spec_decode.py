@@ -3,15 +3,17 @@ next step verifies (`Request.spec_token_ids`), and count what was accepted.
 
 The scheduler already schedules 1 + len(drafts) tokens for a decoding request and rolls
 back rejected ones; the runner verifies (spec_verify.py). This module decides who
-drafts (spec_policy.py) and proposes: n-gram prompt lookup (spec_ngram.py) for
-`method: ngram`. Requests with a structured-output grammar draft nothing (their mask is
-per position, computed one token at a time).
+drafts (spec_policy.py) and asks a proposer: n-gram prompt lookup (spec_ngram.py) for
+`method: ngram`, a draft model or the target's first layers (spec_draft.py) for
+`draft_model` and `layer_skip`. Requests with a structured-output grammar draft nothing
+(their mask is per position, computed one token at a time).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from llmservice.server.config import ConfigError, EngineConfig
 from llmservice.server.engine import spec_policy
@@ -24,6 +26,33 @@ from llmservice.server.engine.step import SchedulerOutput
 # (num_tokens, start_position) per request -> predicted step seconds (the engine's cost model)
 StepPredictor = Callable[[list[tuple[int, int]]], float]
 PROBE_EVERY_STEPS = 32
+
+
+class Proposer(Protocol):
+    def propose(self, wanted: list[tuple[Request, int]], bm: BlockManager) -> dict[str, list[int]]:
+        """Up to n draft tokens for each (request, n); a request may get none."""
+        ...
+
+    def forget(self, request_ids: list[str]) -> None:
+        """These requests finished: drop what is kept for them."""
+        ...
+
+
+class NgramProposer:
+    """Prompt lookup: the tokens that followed the last earlier occurrence of the newest n-gram."""
+
+    def __init__(self, config: SpeculativeConfig):
+        self.config = config
+
+    def propose(self, wanted: list[tuple[Request, int]], bm: BlockManager) -> dict[str, list[int]]:
+        cfg = self.config
+        return {
+            req.request_id: propose_ngram(req.all_token_ids, n, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            for req, n in wanted
+        }
+
+    def forget(self, request_ids: list[str]) -> None:
+        pass
 
 
 @dataclass
@@ -53,12 +82,15 @@ class SpecDecodeStats:
 
 class Speculator:
     def __init__(
-        self, config: SpeculativeConfig, max_model_len: int, predict: StepPredictor | None = None
+        self,
+        config: SpeculativeConfig,
+        max_model_len: int,
+        predict: StepPredictor | None = None,
+        proposer: Proposer | None = None,
     ):
-        if config.method != "ngram":
-            raise ValueError(
-                f"speculative method {config.method!r} has no proposer in the engine yet"
-            )
+        if proposer is None and config.method != "ngram":
+            raise ValueError(f"speculative method {config.method!r} needs its draft's proposer")
+        self.proposer: Proposer = proposer or NgramProposer(config)
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
@@ -88,6 +120,7 @@ class Speculator:
             track.observe(drafted, accepted, self.step_index)
         for rid in out.finished_request_ids:
             self.acceptance.pop(rid, None)
+        self.proposer.forget(out.finished_request_ids)
 
     # ---- before the next step: propose ------------------------------------------------------
     def propose(self, running: list[Request], bm: BlockManager) -> None:
@@ -100,7 +133,7 @@ class Speculator:
             req.spec_token_ids = []
         if not decoding or not self._batch_pays(decoding):
             return
-        drafts: list[tuple[Request, list[int]]] = []
+        wanted: list[tuple[Request, int]] = []
         for req in decoding:
             track = self.acceptance.get(req.request_id)
             if getattr(req.sampling_params, "structured", None) is not None:
@@ -110,14 +143,10 @@ class Speculator:
             n = spec_policy.draft_budget(
                 self.k, req.num_output_tokens, req.max_tokens, req.num_tokens, self.max_model_len
             )
-            if n <= 0:
-                continue
-            cfg = self.config
-            draft = propose_ngram(
-                req.all_token_ids, n, cfg.prompt_lookup_min, cfg.prompt_lookup_max
-            )
-            if draft:
-                drafts.append((req, draft))
+            if n > 0:
+                wanted.append((req, n))
+        proposed = self.proposer.propose(wanted, bm) if wanted else {}
+        drafts = [(req, proposed[req.request_id]) for req, _ in wanted if proposed.get(req.request_id)]
         if not drafts:
             return
         needs = [
@@ -161,17 +190,25 @@ class Speculator:
 
 
 def make_speculator(
-    config: EngineConfig, max_model_len: int, cost_model: object | None
+    config: EngineConfig,
+    max_model_len: int,
+    cost_model: object | None,
+    target: object | None = None,
+    num_blocks: int = 0,
 ) -> Speculator | None:
     """The engine's speculator for --speculative-config (None without the flag). The
-    batch-level rule predicts step times with the engine's step-cost model."""
+    batch-level rule predicts step times with the engine's step-cost model. `target`: the
+    engine's model (a draft_model / layer_skip draft runs beside it on `num_blocks` blocks)."""
     spec = parse_speculative_config(config.speculative_config)
     if spec is None:
         return None
+    proposer = None
     if spec.method != "ngram":
-        raise ConfigError(
-            f"--speculative-config method {spec.method!r}: this engine proposes with ngram only so far"
-        )
+        from llmservice.server.engine.spec_draft import make_draft_proposer
+
+        if target is None:
+            raise ConfigError(f"--speculative-config method {spec.method!r} needs the target model")
+        proposer = make_draft_proposer(spec, config, target, num_blocks, max_model_len)
     predict = None
     if cost_model is not None:
         from llmservice.server.engine.cost_model import StepShape
@@ -179,4 +216,4 @@ def make_speculator(
         def predict(requests: list[tuple[int, int]]) -> float:
             return cost_model.predict(StepShape.of(requests))
 
-    return Speculator(spec, max_model_len, predict)
+    return Speculator(spec, max_model_len, predict, proposer)

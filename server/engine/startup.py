@@ -12,7 +12,7 @@ import time
 import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import CPU_KV_CACHE_GIB, EngineConfig
-from llmservice.server.engine import memory
+from llmservice.server.engine import memory, spec_draft
 from llmservice.server.engine.measure_key import measurement_key
 from llmservice.server.engine.runner import allocate_kv_caches
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace, fit_costs
@@ -37,8 +37,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def plan_memory(config: EngineConfig, model: LlamaModel) -> memory.MemoryPlan:
     """How many KV blocks to allocate: an override, the CUDA budget after a profiled
     prefill, or the explicit CPU budget (default CPU_KV_CACHE_GIB)."""
+    # a draft model (speculative decoding) keeps its KV in the same blocks (spec_draft.py)
     kv_per_token = model.kv_bytes_per_token(torch.tensor([], dtype=model.dtype).element_size())
-    weights = model.weight_bytes()
+    kv_per_token += spec_draft.draft_kv_bytes_per_token(config, model)
+    weights = model.weight_bytes() + spec_draft.draft_weight_bytes(config, model)
     max_model_len = int(config.max_model_len)
     device = model.device
     if config.num_gpu_blocks_override:
