@@ -3,11 +3,19 @@
 # included). Prepare here first: `.venv/bin/python scripts/gpu_prepare.py` and the gguf
 # wheel in .gpu/whl (see docs/gpu.md); the call carries `.gpu`.
 #
-#   1+2 (together, correctness only): the engine on CUDA (Triton vs torch, swap/recompute)
-#       and every Triton kernel unit test on compiled kernels (all block sizes, GQA, dtypes)
-#   3   seed_preemption on an 8B-shaped model (random weights): recompute vs swap vs auto
-#   4   the kernel benchmark (decode GB/s vs copy bandwidth, prefill TFLOP/s, engine step)
-#   5   offline throughput, 8B shape: our engine vs HF transformers static batching
+#   engine_check  the engine on CUDA, SmolLM2 shape fp32: Triton vs torch, CUDA graphs vs
+#                 --enforce-eager (overlap on and off), swap/recompute under a tiny pool
+#                 with graph replays
+#   decode_step   8B shape bf16, --gpu-memory-utilization 0.95: decode step at batch 128 x
+#                 512-token contexts and batch 1, graphs vs eager, kernel launches per step
+#                 (torch profiler), the bandwidth floor
+#   offline_throughput  8B shape, 5000 ShareGPT-like requests: ours vs HF static batching
+#   summary       bench/results/gpu-<date>.json: the issue-18 figures against their targets
+# Not in the default run (ONLY=... to run them; they passed on 2026-11-30 and nothing they
+# measure changed since): kernel_tests (every Triton kernel test, compiled),
+# seed_preemption (recompute vs swap vs auto, 8B shape), kernel_bench (kernel GB/s, TFLOP/s).
+# The default stages do not fit one call's 600 s: run ONLY="engine_check decode_step",
+# then ONLY="offline_throughput summary" (docs/gpu.md).
 #
 # Each stage has its own time limit and writes its JSON as it goes, so a stage that runs
 # out of time or fails leaves the others' results. Logs, JSON and plots are packed after
@@ -40,9 +48,10 @@ fi
 cd "$WORK"
 RES="$WORK/res"; mkdir -p "$RES"
 M="$ROOT/.gpu/models"
+ONLY="${ONLY:-engine_check decode_step offline_throughput summary}"
 stage() {  # name, seconds, command...; ONLY="a b" runs just the stages named
   local name=$1 secs=$2; shift 2
-  [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]] && return 0
+  [[ " $ONLY " != *" $name "* ]] && return 0
   echo "=== $name (limit ${secs}s) $(date +%T)"
   local t0=$SECONDS
   timeout --signal=INT --kill-after=10 "$secs" "$@" > "$RES/$name.log" 2>&1
@@ -61,12 +70,15 @@ if [[ $DRY == 1 ]]; then
   stage kernel_bench 300 "$PY" "$ROOT/bench/kernel_bench.py" --smoke --out "$RES"
   stage offline_throughput 300 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/smollm2-135m-shape" --load-format dummy \
     --device cpu --num-requests 8 --hf-requests 4 --hf-batches 4 --out "$RES"
+  stage decode_step 300 "$PY" "$ROOT/bench/decode_step.py" --model "$M/smollm2-135m-shape" --load-format dummy \
+    --device cpu --batch 4 1 --context 64 --steps 4 --kv-cache-memory-gib 0.2 --out "$RES"
+  stage summary 60 "$PY" "$ROOT/scripts/gpu_summary.py" "$RES"
   exit 0
 fi
 
 export TRITON_INTERPRET=0  # compiled kernels; the tests' conftest keeps an explicit choice
 XDIST=(); "$PY" -c 'import xdist' 2>/dev/null && XDIST=(-n 10)
-stage engine_check 150 "$PY" "$ROOT/scripts/gpu_engine_check.py" --model "$M/smollm2-135m-shape" --out "$RES" &
+stage engine_check 200 "$PY" "$ROOT/scripts/gpu_engine_check.py" --model "$M/smollm2-135m-shape" --out "$RES" &
 stage kernel_tests 150 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
   ${KERNEL_TESTS:-"$ROOT"/tests/unit/kernels/test_triton_*.py "$ROOT/tests/unit/kernels/test_swap.py"}
 wait
@@ -74,6 +86,12 @@ stage seed_preemption 300 "$PY" "$ROOT/bench/seed_preemption.py" --model "$M/lla
   --device cuda --warmup --repeats 2 --long-prompt 2500 --long-requests 24 --long-kv-requests 2.5 --long-output 128 \
   --short-requests 48 --short-output 192 --max-num-batched-tokens 2048 --swap-space 8 --out "$RES"
 stage kernel_bench 60 "$PY" "$ROOT/bench/kernel_bench.py" --budget-s 50 --out "$RES"
-stage offline_throughput 90 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/llama3-8b-shape" --load-format dummy \
-  --device cuda --num-requests 512 --max-num-seqs 256 --kv-cache-memory-gib 16 --hf-requests 128 --hf-batches 64 --out "$RES"
+# batch 128 x 512-token contexts (target <= 6 ms, >= 65 % of the bandwidth floor) and batch 1
+# (target >= 220 tok/s); eager first, so the launch counts before/after sit side by side
+stage decode_step 200 "$PY" "$ROOT/bench/decode_step.py" --model "$M/llama3-8b-shape" --load-format dummy \
+  --device cuda --batch 128 1 --context 512 --steps 32 --modes eager graphs --gpu-memory-utilization 0.95 --out "$RES"
+# >= 5000 requests to reach a steady state (target >= 14,000 output tok/s); HF on 128 of them
+stage offline_throughput 280 "$PY" "$ROOT/bench/offline_throughput.py" --model "$M/llama3-8b-shape" --load-format dummy \
+  --device cuda --num-requests 5000 --max-num-seqs 256 --kv-cache-memory-gib 16 --hf-requests 128 --hf-batches 64 --out "$RES"
+stage summary 60 "$PY" "$ROOT/scripts/gpu_summary.py" "$RES"
 ls -la "$RES"

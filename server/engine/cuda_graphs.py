@@ -97,8 +97,12 @@ class DecodeGraphs:
         for size in sorted(self.sizes, reverse=True):
             meta = static.graph_metadata(size, self.seq_len_bound)
             args = (static.input_ids[:size], static.positions[:size], meta, self.kv_caches)
-            for _ in range(WARMUP_RUNS):
-                self.model.forward_hidden(*args)
+            side = torch.cuda.Stream()  # warm up on a side stream, as torch.cuda.graph's docs do
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    self.model.forward_hidden(*args)
+            torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

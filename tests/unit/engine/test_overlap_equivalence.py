@@ -124,3 +124,37 @@ def test_aborts_in_flight_free_every_block(make_engine, mixed, reference):
     _assert_clean(eng)
     eng.step()  # the next step tells the runner which requests finished
     assert eng.runner.requests == {}
+
+
+class _EagerReplay:
+    """Stands in for DecodeGraphs on CPU: a 'replay' runs what the captured graph holds,
+    the forward on the static buffers with the capture's metadata (host lengths at the
+    fixed bound, not this step's), so the runner's replay branch is checked end to end."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.sizes = runner.decode_sizes
+        self.replayed: set[int] = set()
+
+    def replay(self, size: int):
+        r = self.runner
+        meta = r.static.graph_metadata(size, r.max_model_len)
+        self.replayed.add(size)
+        return r.model.forward_hidden(r.static.input_ids[:size], r.static.positions[:size], meta, r.kv_caches)
+
+
+def test_the_replay_branch_reads_only_the_static_buffers(make_engine, mixed, reference):
+    eng = _engine(make_engine, async_scheduling=True, static_decode_inputs=True, num_gpu_blocks_override=6,
+                  max_model_len=96)  # fmt: skip
+    eng.launcher = overlap.InlineLauncher()
+    eng.runner.graphs = fake = _EagerReplay(eng.runner)
+    assert [o.token_ids for o in eng.generate(*mixed)] == reference
+    assert eng.runner.num_graph_replays > 0 and len(fake.replayed) > 1  # several padded sizes
+    assert eng.scheduler.stats.num_preemptions > 0
+    _assert_clean(eng)
+
+
+def test_capture_refuses_a_cpu_model(make_engine):
+    eng = _engine(make_engine, static_decode_inputs=True)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        eng.runner.capture_graphs()
