@@ -301,10 +301,27 @@ static inline __attribute__((always_inline)) void tile_dot(
  * while every weight tile of the matrix passes over them. */
 #define CHUNK_BYTES (192 * 1024)
 
+/* The fp32 weights of `blocks` consecutive blocks into ws (the tiled path's scratch). */
+static inline __attribute__((always_inline)) void fill_tile(int kind, const uint8_t *w, int64_t blocks, float *ws) {
+    const int bb = qk_block_bytes(kind);
+    for (int64_t i = 0; i < blocks; i++) {
+#ifdef QK_AVX512
+        __m512 v[2];
+        unpack_avx512(kind, w + i * bb, v);
+        _mm512_storeu_ps(ws + i * 32, v[0]);
+        _mm512_storeu_ps(ws + i * 32 + 16, v[1]);
+#else
+        __m256 v[4];
+        unpack_avx2(kind, w + i * bb, v);
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(ws + i * 32 + 8 * j, v[j]);
+#endif
+    }
+}
+
 /* The tiled path: each TN weight rows are unpacked once per chunk of activation rows into
  * a per-thread fp32 scratch and reused by all the chunk's rows, TM at a time. Parallel
  * over weight-row tiles, like the direct path over rows. */
-static inline __attribute__((always_inline)) int tiled_impl(
+static int tiled_impl(
     int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
     int64_t ldy, const float *bias, int nthreads) {
     const int bb = qk_block_bytes(kind);
@@ -323,17 +340,10 @@ static inline __attribute__((always_inline)) int tiled_impl(
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < tiles; t++) {
                 const int64_t n0 = t * TN, nr = N - n0 < TN ? N - n0 : TN;
-                for (int64_t i = 0; i < nr * nb; i++) {
-#ifdef QK_AVX512
-                    __m512 v[2];
-                    unpack_avx512(kind, w + n0 * row_bytes + i * bb, v);
-                    _mm512_storeu_ps(ws + i * 32, v[0]);
-                    _mm512_storeu_ps(ws + i * 32 + 16, v[1]);
-#else
-                    __m256 v[4];
-                    unpack_avx2(kind, w + n0 * row_bytes + i * bb, v);
-                    for (int j = 0; j < 4; j++) _mm256_storeu_ps(ws + i * 32 + 8 * j, v[j]);
-#endif
+                switch (kind) { /* a constant kind in each unpacking loop (see direct_group) */
+                case Q4_0: fill_tile(Q4_0, w + n0 * row_bytes, nr * nb, ws); break;
+                case Q4_1: fill_tile(Q4_1, w + n0 * row_bytes, nr * nb, ws); break;
+                default: fill_tile(Q8_0, w + n0 * row_bytes, nr * nb, ws); break;
                 }
                 for (int64_t m0 = c0; m0 < c1; m0 += TM) {
                     const int mb = (int)(c1 - m0 < TM ? c1 - m0 : TM);
@@ -373,17 +383,17 @@ static inline __attribute__((always_inline)) int tiled_impl(
 /* One direct pass with constant MB and NR (the compiler specialises row_dot for each). */
 #define ROW_DOT_CASE(MBV, NRV) row_dot(kind, row, row_bytes, NRV, nb, bb, xm, ldx, MBV, out)
 
-/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[N, K]^T (+ bias[N] if given).
- * Parallel over groups of RN output rows; activations in chunks of 4 rows per pass.
- * `kind` is a constant in each of qk_matmul's calls, so every format gets its own loop. */
-static inline __attribute__((always_inline)) void matmul_impl(
+/* Output rows [n0, n0 + RN) of y = x @ W^T (+ bias) for all M activation rows, 4 at a time.
+ * Called with a constant `kind` (a switch inside the parallel loop: gcc outlines an OpenMP
+ * region before inlining, so a kind passed into the region would stay a runtime value
+ * tested in the innermost loop). */
+static inline __attribute__((always_inline)) void direct_group(
     int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
-    int64_t ldy, const float *bias, int nthreads) {
+    int64_t ldy, const float *bias, int64_t n0) {
     const int bb = qk_block_bytes(kind);
-    const int64_t nb = K / 32, row_bytes = nb * bb, groups = (N + RN - 1) / RN;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t g = 0; g < groups; g++) {
-        const int64_t n0 = g * RN, nr = N - n0 < RN ? N - n0 : RN;
+    const int64_t nb = K / 32, row_bytes = nb * bb;
+    {
+        const int64_t nr = N - n0 < RN ? N - n0 : RN;
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
             const int mb = (int)(M - m0 < 4 ? M - m0 : 4);
             const float *xm = x + m0 * ldx;
@@ -425,13 +435,19 @@ static inline __attribute__((always_inline)) void matmul_impl(
     }
 }
 
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[N, K]^T (+ bias[N] if given).
+ * Parallel over groups of RN output rows; activations in chunks of 4 rows per pass. */
 void qk_matmul(int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
                int64_t ldy, const float *bias, int nthreads) {
-    switch (kind) {
-    case Q4_0: matmul_impl(Q4_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads); break;
-    case Q4_1: matmul_impl(Q4_1, w, N, K, x, M, ldx, y, ldy, bias, nthreads); break;
-    case Q8_0: matmul_impl(Q8_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads); break;
-    default: break;
+    if (kind != Q4_0 && kind != Q4_1 && kind != Q8_0) return;
+    const int64_t groups = (N + RN - 1) / RN;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t g = 0; g < groups; g++) {
+        switch (kind) {
+        case Q4_0: direct_group(Q4_0, w, N, K, x, M, ldx, y, ldy, bias, g * RN); break;
+        case Q4_1: direct_group(Q4_1, w, N, K, x, M, ldx, y, ldy, bias, g * RN); break;
+        default: direct_group(Q8_0, w, N, K, x, M, ldx, y, ldy, bias, g * RN); break;
+        }
     }
 }
 
@@ -442,9 +458,7 @@ int qk_matmul_tiled(int kind, const uint8_t *w, int64_t N, int64_t K, const floa
                      float *y, int64_t ldy, const float *bias, int nthreads) {
 #ifdef QK_AVX2
     switch (kind) {
-    case Q4_0: return tiled_impl(Q4_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
-    case Q4_1: return tiled_impl(Q4_1, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
-    case Q8_0: return tiled_impl(Q8_0, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
+    case Q4_0: case Q4_1: case Q8_0: return tiled_impl(kind, w, N, K, x, M, ldx, y, ldy, bias, nthreads);
     default: return 0;
     }
 #else

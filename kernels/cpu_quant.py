@@ -31,7 +31,7 @@ Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGMLQuantizationType values
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 QK = 32
 DEQUANT_GEMM_MIN_ROWS = 64  # from here dequant_gemm ran as fast as direct (docs/cpu.md)
-TILED_MIN_ROWS = 8  # from here the tiled kernel beats direct (bench/cpu_quant_bench.py)
+TILED_MIN_ROWS = 6  # from here the tiled kernel beats direct (bench/cpu_quant_bench.py)
 SLAB_ELEMENTS = 1 << 16  # dequant_gemm: rows per slab so a slab (256 KiB of fp32) stays in L2
 
 
