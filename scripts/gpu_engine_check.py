@@ -1,5 +1,6 @@
-"""The engine on CUDA: Triton vs torch kernels, and swap/recompute preemption, on a
-SmolLM2-shaped model with random weights (the GPU machine has no copy of the GGUF).
+"""The engine on CUDA: Triton vs torch kernels, CUDA graphs vs eager, overlapped
+scheduling on vs off, and swap/recompute preemption (graph replays under a tiny pool),
+on a SmolLM2-shaped model with random weights (the GPU machine has no copy of the GGUF).
 
 Random weights make greedy argmax fragile (small logit gaps), and the two kernel paths
 round differently (Triton's fp32 dots use TF32), so the check reports agreement
@@ -75,6 +76,7 @@ def main() -> None:
     for name, fn in [
         ("logits_triton_vs_torch", lambda: logits_check(loaded)),
         ("tokens_triton_vs_torch", lambda: kernel_paths(loaded)),
+        ("graphs_vs_eager", lambda: graphs_vs_eager(loaded)),
         ("preemption_modes", lambda: preemption(loaded)),
     ]:
         try:
@@ -111,8 +113,30 @@ def kernel_paths(loaded) -> dict:
     return agreement(tri, tor)
 
 
+def graphs_vs_eager(loaded) -> dict:
+    """fp32: greedy tokens with CUDA graphs (the default) vs --enforce-eager, each with
+    overlapped scheduling on and off; the graphed runs must have replayed graphs. Padding
+    changes a GEMM's batch size (cuBLAS may pick another kernel), so fp32 rounding may
+    differ in the last bits; identical tokens are expected, agreement is reported."""
+    eager, eng_e = generate(loaded, "triton", enforce_eager=True, async_scheduling=False)
+    res: dict = {"eager_replays": eng_e.runner.num_graph_replays}
+    for name, cfg in {"graphs_sync": dict(async_scheduling=False), "graphs_async": dict(async_scheduling=True),
+                      "eager_async": dict(enforce_eager=True, async_scheduling=True)}.items():  # fmt: skip
+        toks, eng = generate(loaded, "triton", **cfg)
+        res[name] = agreement(toks, eager) | {
+            "graph_replays": eng.runner.num_graph_replays, "static_steps": eng.runner.num_static_steps,
+            "async": eng.async_scheduling, "free_blocks_after": eng.block_manager.num_free_blocks,
+            "num_blocks": eng.block_manager.num_blocks,
+            "captured_sizes": len(eng.runner.graphs.sizes) if eng.runner.graphs else 0,
+            "capture_s": eng.runner.graphs.capture_seconds if eng.runner.graphs else 0.0,
+        }  # fmt: skip
+    return res
+
+
 def preemption(loaded) -> dict:
-    """A pool of 26 blocks (416 tokens) for 12 requests of up to ~320 tokens forces preemptions."""
+    """A pool of 26 blocks (416 tokens) for 12 requests of up to ~320 tokens forces
+    preemptions; CUDA graphs (and overlap) are on, so decode steps replay graphs between
+    preemptions."""
     base, _ = generate(loaded, "triton")
     res = {}
     for mode in ("recompute", "swap", "auto"):
@@ -121,6 +145,8 @@ def preemption(loaded) -> dict:
         s = eng.scheduler.stats
         res[mode] = agreement(toks, base) | {"preemptions": s.num_preemptions, "swap_outs": s.num_swap_outs,
                                              "free_blocks_after": eng.block_manager.num_free_blocks,
+                                             "graph_replays": eng.runner.num_graph_replays,
+                                             "overlap_syncs": eng.overlap_syncs,
                                              "num_blocks": eng.block_manager.num_blocks}  # fmt: skip
         if mode == "auto":
             res[mode]["cost_model"] = vars(eng.preemption_costs)

@@ -15,7 +15,8 @@
 # measure changed since): kernel_tests (every Triton kernel test, compiled),
 # seed_preemption (recompute vs swap vs auto, 8B shape), kernel_bench (kernel GB/s, TFLOP/s).
 # The default stages do not fit one call's 600 s: run ONLY="engine_check decode_step",
-# then ONLY="offline_throughput summary" (docs/gpu.md).
+# then ONLY="offline_throughput", and make the summary of both calls' files after
+# unpacking them: python scripts/gpu_summary.py bench/results (docs/gpu.md).
 #
 # Each stage has its own time limit and writes its JSON as it goes, so a stage that runs
 # out of time or fails leaves the others' results. Logs, JSON and plots are packed after

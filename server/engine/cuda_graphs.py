@@ -93,11 +93,11 @@ class DecodeGraphs:
         static = self.static
         static.reset_padding()
         pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()  # warm-ups run on a side stream, as torch.cuda.graph's docs do
         torch.cuda.synchronize()
         for size in sorted(self.sizes, reverse=True):
             meta = static.graph_metadata(size, self.seq_len_bound)
             args = (static.input_ids[:size], static.positions[:size], meta, self.kv_caches)
-            side = torch.cuda.Stream()  # warm up on a side stream, as torch.cuda.graph's docs do
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_RUNS):
