@@ -5,12 +5,20 @@ through the block tables; otherwise batched matmuls over K/V gathered through th
 prefill chunks are one SDPA each (there are few per step). The causal rule for a
 chunk: new token i of a sequence with context length L and q new tokens sits at
 position L - q + i and sees positions 0..L - q + i.
+
+A short chunk (at most SHORT_CHUNK_ROWS tokens: a speculative verification of k+1
+positions, a small prefill chunk) goes to the decode kernel instead, each of its rows as
+a decode of its own context length (L - q + i + 1): no gathered copy, one call with the
+step's decodes, and each row computes exactly what a plain decode at that position
+would, so speculation changes no logit.
 """
 
 import torch
 import torch.nn.functional as F
 from llmservice.kernels import cpu_attention, cpu_fused
 from llmservice.kernels.metadata import AttentionMetadata
+
+SHORT_CHUNK_ROWS = 17  # 1 + the most speculative tokens a request verifies (spec_config.py)
 
 
 def reshape_and_cache(
@@ -150,33 +158,62 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention for a mixed batch q [T, Hq, D] laid out as described by `meta`."""
     nd = meta.num_decodes
-    native = nd > 0 and cpu_attention.supports(q, k_cache)
+    native = cpu_attention.supports(q, k_cache)
     if native and nd == meta.num_seqs:  # a decode-only step: no copy into a second output
         return cpu_attention.paged_decode_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
         )
     out = torch.empty_like(q)
-    if native:  # reads the pool in place: no gather
-        out[:nd] = cpu_attention.paged_decode_attention(
-            q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
-        )
+    short = _short_chunks(meta) if native else []
+    if native and (nd or short):  # reads the pool in place: no gather
+        _decode_rows(q, k_cache, v_cache, meta, scale, short, out)
     elif nd:
         out[:nd] = paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens_host[:nd], scale
         )
+    done = {i for i, _ in short}
     start = nd
     for i in range(nd, meta.num_seqs):
         qlen = meta.query_lens[i]
-        out[start : start + qlen] = paged_prefill_attention(
-            q[start : start + qlen],
-            k_cache,
-            v_cache,
-            meta.block_tables[i],
-            meta.seq_lens_host[i],
-            scale,
-        )
+        if i not in done:
+            out[start : start + qlen] = paged_prefill_attention(
+                q[start : start + qlen],
+                k_cache,
+                v_cache,
+                meta.block_tables[i],
+                meta.seq_lens_host[i],
+                scale,
+            )
         start += qlen
     return out
+
+
+def _short_chunks(meta: AttentionMetadata) -> list[tuple[int, int]]:
+    """(sequence, first row) of the chunks the decode kernel takes row by row."""
+    chunks, start = [], meta.num_decodes
+    for i in range(meta.num_decodes, meta.num_seqs):
+        qlen = meta.query_lens[i]
+        if qlen <= SHORT_CHUNK_ROWS:
+            chunks.append((i, start))
+        start += qlen
+    return chunks
+
+
+def _decode_rows(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                 short: list[tuple[int, int]], out: torch.Tensor) -> None:  # fmt: skip
+    """The decodes and every row of the short chunks, in one decode-kernel call."""
+    nd = meta.num_decodes
+    rows, tables, lens = [torch.arange(nd)], [meta.block_tables[:nd]], [meta.seq_lens[:nd]]
+    for i, first in short:
+        qlen, total = meta.query_lens[i], meta.seq_lens_host[i]
+        rows.append(torch.arange(first, first + qlen))
+        tables.append(meta.block_tables[i : i + 1].expand(qlen, -1))
+        lens.append(torch.arange(total - qlen + 1, total + 1, dtype=meta.seq_lens.dtype))
+    index = torch.cat(rows)
+    res = cpu_attention.paged_decode_attention(
+        q.index_select(0, index), k_cache, v_cache, torch.cat(tables), torch.cat(lens), scale
+    )
+    out.index_copy_(0, index, res)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -76,3 +76,23 @@ def test_only_fp32_pools():
         [(1, 9)], num_kv_heads=1, group=2, head_dim=64, block_size=8, dtype=torch.bfloat16
     )
     assert not cpu_attention.supports(batch.q, batch.k_cache)
+
+
+def test_short_chunks_run_row_by_row_as_the_decodes_they_equal(reference_attention):
+    """A verification of k+1 rows (and any chunk of <= SHORT_CHUNK_ROWS) goes through the
+    decode kernel: close to the reference, and every row bit-identical to a plain decode
+    at its own position; a longer chunk keeps the SDPA path."""
+    seqs = [(1, 90), (1, 3), (5, 40), (torch_ops.SHORT_CHUNK_ROWS, 60), (torch_ops.SHORT_CHUNK_ROWS + 1, 70)]
+    batch = make_paged_batch(seqs, num_kv_heads=3, group=3, head_dim=64, block_size=8, seed=3)
+    meta = batch.meta
+    got = torch_ops.paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, batch.scale)
+    reference.assert_close(got, reference_attention(batch), torch.float32)
+    row = 2
+    for i, (qlen, total) in enumerate(seqs[2:4], start=2):
+        for j in range(qlen):
+            alone = cpu_attention.paged_decode_attention(
+                batch.q[row : row + 1], batch.k_cache, batch.v_cache, meta.block_tables[i : i + 1],
+                torch.tensor([total - qlen + j + 1], dtype=torch.int32), batch.scale,
+            )  # fmt: skip
+            assert torch.equal(got[row], alone[0]), (i, j)
+            row += 1
