@@ -8,8 +8,11 @@ output lengths on and off, so both runs compute the very same tokens):
   answer quoting the prompt, as summaries and edits do;
 - chat: short natural questions (ShareGPT-like turns, scaled to this CPU);
 - random: uniformly random token ids (no n-gram in the prompt to find).
-Each (workload, batch) runs off and on alternately, `--repeats` times each, and the
-median throughput of each is compared: the machine is shared with other work, so a
+Methods (`--methods`, comma-separated): `ngram`, `layer_skip:L` (the target's first L
+layers draft) and `draft_model:MODEL` (e.g. `draft_model:builtin:smollm2-135m`, the
+target drafting for itself: an upper bound on acceptance, not a speed-up, since the draft
+costs as much as the target). Each (workload, batch) runs off and every method
+alternately, `--repeats` times each, and the median throughput of each is compared: the machine is shared with other work, so a
 single run would measure the neighbours. Prefix caching is off so repeats do not turn
 prefill into cache hits.
 
@@ -90,19 +93,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workloads", default="copy,chat,random")
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--methods", default="ngram", help="ngram, layer_skip:L, draft_model:MODEL")
     args = ap.parse_args()
     common.setup(args.threads, args)
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": args.tokens,
-        "prompt_lookup_max": 4,
-        "prompt_lookup_min": 2,
-    }
     base = dict(
         enable_prefix_caching=False, max_num_seqs=8, num_threads=args.threads, max_model_len=2048
     )
     off = common.engine(**base)
-    on = common.engine(**base, speculative_config=json.dumps(spec))
+    specs = {m: method_config(m, args.tokens) for m in args.methods.split(",")}
+    engines = {m: common.engine(**base, speculative_config=json.dumps(c)) for m, c in specs.items()}
     tok = off.tokenizer
     results = []
     for name in args.workloads.split(","):
@@ -110,50 +109,74 @@ def main() -> None:
             prompts = workload(name, tok, max(batch, 4 if batch == 1 else batch), args.max_tokens)
             if batch == 1:
                 prompts = prompts[:2]  # two requests one after the other: batch 1 is slow
-            run(off, prompts[:1], 1, 8)  # warm both
-            run(on, prompts[:1], 1, 8)
-            before = on.speculator.stats.totals()
-            rates = {"off": [], "on": []}
+            run(off, prompts[:1], 1, 8)  # warm them all
+            for on in engines.values():
+                run(on, prompts[:1], 1, 8)
+            before = {m: on.speculator.stats.totals() for m, on in engines.items()}
+            rates: dict[str, list[float]] = {"off": [], **{m: [] for m in engines}}
             for _ in range(args.repeats):
                 rates["off"].append(run(off, prompts, batch, args.max_tokens)[0])
-                rates["on"].append(run(on, prompts, batch, args.max_tokens)[0])
-            after = on.speculator.stats.totals()
-            drafts, draft_tokens, accepted = (
-                a - b for a, b in zip(after[:3], before[:3], strict=True)
-            )
-            per_pos = [a - b for a, b in zip(after[3], before[3], strict=True)]
-            r = {
-                "workload": name,
-                "batch": batch,
-                "requests": len(prompts),
-                "tok_s_off": statistics.median(rates["off"]),
-                "tok_s_on": statistics.median(rates["on"]),
-                "runs_off": rates["off"],
-                "runs_on": rates["on"],
-                "drafts": drafts,
-                "draft_tokens": draft_tokens,
-                "accepted_tokens": accepted,
-                "mean_accepted_length": 1 + accepted / drafts if drafts else None,
-                "acceptance_by_position": [p / drafts for p in per_pos] if drafts else [],
-            }
-            r["speedup"] = r["tok_s_on"] / r["tok_s_off"]
-            results.append(r)
-            mal = f"{r['mean_accepted_length']:.2f}" if drafts else "-"
-            print(
-                f"{name:7s} batch {batch}: off {r['tok_s_off']:6.1f} tok/s, ngram {r['tok_s_on']:6.1f} tok/s, "
-                f"x{r['speedup']:.2f}, mean accepted length {mal}, "
-                f"by position {[round(a, 2) for a in r['acceptance_by_position']]}"
-            )
+                for m, on in engines.items():
+                    rates[m].append(run(on, prompts, batch, args.max_tokens)[0])
+            for m, on in engines.items():
+                results.append(summarize(name, batch, prompts, m, rates["off"], rates[m],
+                                         before[m], on.speculator.stats.totals()))  # fmt: skip
     common.write(
         "spec_decode",
         {
-            "method": spec,
+            "methods": specs,
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
             "note": "CPU, shared machine (other helpers' work ran at the same time): medians of alternating runs",
             "results": results,
         },
     )
+
+
+def method_config(method: str, k: int) -> dict:
+    """`ngram`, `layer_skip:L` or `draft_model:MODEL` as a --speculative-config."""
+    kind, _, arg = method.partition(":")
+    if kind == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if kind == "layer_skip":
+        return {"method": "layer_skip", "num_speculative_tokens": k, "num_layers": int(arg)}
+    if kind == "draft_model":
+        return {"method": "draft_model", "num_speculative_tokens": k, "model": arg}
+    raise SystemExit(f"--methods: unknown method {method!r} (ngram, layer_skip:L, draft_model:MODEL)")
+
+
+def summarize(
+    name: str, batch: int, prompts: list, method: str, off_rates: list[float], on_rates: list[float],
+    before: tuple, after: tuple,
+) -> dict:
+    """One row: the method's median throughput over off's, and its acceptance in this run."""
+    drafts, draft_tokens, accepted = (
+        a - b for a, b in zip(after[:3], before[:3], strict=True)
+    )
+    per_pos = [a - b for a, b in zip(after[3], before[3], strict=True)]
+    r = {
+        "workload": name,
+        "batch": batch,
+        "method": method,
+        "requests": len(prompts),
+        "tok_s_off": statistics.median(off_rates),
+        "tok_s_on": statistics.median(on_rates),
+        "runs_off": off_rates,
+        "runs_on": on_rates,
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "mean_accepted_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_by_position": [p / drafts for p in per_pos] if drafts else [],
+    }
+    r["speedup"] = r["tok_s_on"] / r["tok_s_off"]
+    mal = f"{r['mean_accepted_length']:.2f}" if drafts else "-"
+    print(
+        f"{name:7s} batch {batch}: off {r['tok_s_off']:6.1f} tok/s, {method} {r['tok_s_on']:6.1f} tok/s, "
+        f"x{r['speedup']:.2f}, mean accepted length {mal}, "
+        f"by position {[round(a, 2) for a in r['acceptance_by_position']]}"
+    )
+    return r
 
 
 if __name__ == "__main__":
