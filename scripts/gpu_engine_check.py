@@ -77,6 +77,7 @@ def main() -> None:
         ("logits_triton_vs_torch", lambda: logits_check(loaded)),
         ("tokens_triton_vs_torch", lambda: kernel_paths(loaded)),
         ("graphs_vs_eager", lambda: graphs_vs_eager(loaded)),
+        ("no_host_sync", lambda: no_host_sync(loaded)),
         ("preemption_modes", lambda: preemption(loaded)),
     ]:
         try:
@@ -131,6 +132,67 @@ def graphs_vs_eager(loaded) -> dict:
             "capture_s": eng.runner.graphs.capture_seconds if eng.runner.graphs else 0.0,
         }  # fmt: skip
     return res
+
+
+def _scheduled(rid: str, tokens: list[int], start: int, blocks: list[int], table_start: int):
+    from llmservice.server.engine.step import ScheduledRequest
+
+    return ScheduledRequest(rid, tokens, start, table_start, blocks, sample=True, output_index=0)
+
+
+def no_host_sync(loaded) -> dict:
+    """Issue 18 item 3: launching a step makes no host synchronisation, for a mixed
+    prefill + decode step and a pure-decode step, eager and replayed from a CUDA graph.
+    torch.cuda.set_sync_debug_mode("error") raises at the first synchronising call
+    (its message names it); the step's tokens are read after the mode is reset."""
+    from llmservice.server.engine.runner import ModelRunner
+    from llmservice.server.engine.step import SchedulerOutput
+    from llmservice.server.model.llama import LlamaModel
+
+    if DEVICE != "cuda":
+        return {"skipped": "CUDA only"}
+    use_kernels("triton")
+    model = LlamaModel(loaded.config, loaded.weights, torch.device(DEVICE), torch.float32, 1024)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    res = {}
+    for graphs in (False, True):
+        runner = ModelRunner(model, 64, 16, 0, [1, 2, 4, 8] if graphs else None, 1024)
+        if graphs:
+            runner.capture_graphs()
+        a, b = prompts(2, seed=7)
+        first = runner.execute(SchedulerOutput(scheduled=[_scheduled("a", a, 0, list(range(0, 20)), 0)],
+                                               new_requests={"a": greedy}))  # fmt: skip
+        steps = {
+            "mixed": SchedulerOutput(scheduled=[_scheduled("a", first.tokens["a"], len(a), [], 20),
+                                                _scheduled("b", b, 0, list(range(20, 40)), 0)],
+                                     new_requests={"b": greedy}),
+        }  # fmt: skip
+        out = {}
+        for name, step in steps.items():
+            out[name] = _launch_without_sync(runner, step)
+        # both decode now (a at len(a) + 1, b at len(b)): a pure-decode step, padded to 2
+        last = out["mixed"].get("tokens", {})
+        if "a" in last and "b" in last:
+            decode = SchedulerOutput(scheduled=[_scheduled("a", last["a"], len(a) + 1, [], 20),
+                                                _scheduled("b", last["b"], len(b), [], 20)])  # fmt: skip
+            out["decode"] = _launch_without_sync(runner, decode) | {"graph_replays": runner.num_graph_replays}
+        res["graphs" if graphs else "eager"] = out
+    return res
+
+
+def _launch_without_sync(runner, step) -> dict:
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = runner.submit(step)
+        error = None
+    except RuntimeError as exc:
+        pending, error = None, str(exc)[:300]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    if pending is None:
+        return {"synced": True, "error": error}
+    return {"synced": False, "tokens": pending.result().tokens}
 
 
 def preemption(loaded) -> dict:
