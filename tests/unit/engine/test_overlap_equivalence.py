@@ -46,6 +46,8 @@ CASES = {
     "overlap_thread": dict(async_scheduling=True),
     "overlap_inline_static": dict(async_scheduling=True, static_decode_inputs=True),
     "overlap_chunk_7_prefix": dict(async_scheduling=True, static_decode_inputs=True, max_num_batched_tokens=7),
+    # the step-time budget (CUDA's default) plans decodes first and sizes chunks by time
+    "overlap_time_budget": dict(async_scheduling=True, static_decode_inputs=True, max_step_ms=None),
     # 6 blocks of 16 hold about two of these requests: decodes preempt each other
     "overlap_recompute": dict(
         async_scheduling=True, static_decode_inputs=True, num_gpu_blocks_override=6, max_model_len=96
