@@ -160,3 +160,23 @@ def test_capture_refuses_a_cpu_model(make_engine):
     eng = _engine(make_engine, static_decode_inputs=True)
     with pytest.raises(RuntimeError, match="CUDA"):
         eng.runner.capture_graphs()
+
+
+def test_structured_outputs_wait_for_the_step_in_flight(make_engine):
+    """A constrained request's bitmask needs the previous token on the host: those steps
+    wait (counted), and the outputs match the engine without overlap."""
+    import re
+
+    from llmservice.server.engine.grammar_spec import StructuredSpec
+
+    spec = StructuredSpec("regex", "(yes|no), [a-z]{2,6}\\.")
+    prompts = ["Answer:", "The capital of France is"]
+    params = [SamplingParams(temperature=0, max_tokens=12, structured=spec),
+              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]  # fmt: skip
+    expected = _engine(make_engine).generate(prompts, params)
+    eng = _engine(make_engine, async_scheduling=True, static_decode_inputs=True)
+    got = eng.generate(prompts, params)
+    assert [(o.token_ids, o.finish_reason) for o in got] == [(o.token_ids, o.finish_reason) for o in expected]
+    assert eng.overlap_syncs.get("grammar", 0) > 0
+    assert got[0].finish_reason == "stop" and re.fullmatch(r"(yes|no), [a-z]{2,6}\.", got[0].text)
+    _assert_clean(eng)
