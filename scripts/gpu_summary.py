@@ -46,6 +46,9 @@ def summarize(folder: Path) -> dict:
         "offline_vs_weights_floor_at_mean_batch": engine.get("output_tok_per_s") / floor_tok_s if floor_tok_s else None,
         "graphs_identical_fp32": check.get("graphs_vs_eager", {}).get("graphs_sync", {}).get("identical"),
         "graphs_async_identical_fp32": check.get("graphs_vs_eager", {}).get("graphs_async", {}).get("identical"),
+        "graphs_identical_to_static_eager": check.get("graphs_vs_eager", {}).get("graphs_sync", {})
+                                                 .get("vs_static_eager", {}).get("identical"),
+        "no_host_sync": check.get("no_host_sync"),
         "preemption_under_graphs": {m: {k: v for k, v in r.items() if k in ("identical", "preemptions", "graph_replays", "free_blocks_after", "num_blocks")}
                                     for m, r in check.get("preemption_modes", {}).items() if isinstance(r, dict)},
     }  # fmt: skip

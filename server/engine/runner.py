@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from llmservice.kernels import ops
 from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.engine import cuda_graphs, spec_verify
 from llmservice.server.engine.cuda_graphs import DecodeGraphs
@@ -236,8 +237,17 @@ class ModelRunner:
         if self.graphs is not None:
             self.num_graph_replays += 1
             return self.graphs.replay(padded)
-        meta = static.metadata(padded, batch.seq_lens)
+        meta = static.metadata(padded, self._static_host_lens(batch.seq_lens, static.input_ids))
         return self.model.forward_hidden(static.input_ids[:padded], static.positions[:padded], meta, self.kv_caches)
+
+    def _static_host_lens(self, seq_lens: list[int], like: torch.Tensor) -> list[int]:
+        """The host lengths of an eager static step: the Triton kernels read them only to
+        size decode attention's splits, so they get the graphs' bound and compute exactly
+        what a replay computes (the GPU check compares the two); the torch path masks
+        with them, so it gets the exact ones."""
+        if ops.backend_for(like) == "triton" and self.max_model_len is not None:
+            return [self.max_model_len] * len(seq_lens)
+        return seq_lens
 
     def submit(self, out: SchedulerOutput) -> _Launched:
         """Launch a step; its tokens are read by `result()` of what this returns. A greedy

@@ -180,3 +180,15 @@ def test_structured_outputs_wait_for_the_step_in_flight(make_engine):
     assert eng.overlap_syncs.get("grammar", 0) > 0
     assert got[0].finish_reason == "stop" and re.fullmatch(r"(yes|no), [a-z]{2,6}\.", got[0].text)
     _assert_clean(eng)
+
+
+def test_eager_static_steps_size_triton_splits_like_a_replay(make_engine, monkeypatch):
+    """Triton reads the host lengths only to size decode attention's splits: an eager
+    static step gets the graphs' bound (so it computes what a replay does); the torch
+    path masks with them and gets the exact lengths."""
+    runner = _engine(make_engine, static_decode_inputs=True).runner
+    like = runner.static.input_ids
+    monkeypatch.setenv("LLMSERVICE_KERNELS", "triton")
+    assert runner._static_host_lens([5, 1], like) == [128, 128]
+    monkeypatch.setenv("LLMSERVICE_KERNELS", "torch")
+    assert runner._static_host_lens([5, 1], like) == [5, 1]
