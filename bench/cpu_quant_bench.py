@@ -9,7 +9,7 @@ thread count, cycling through enough different matrices that the packed set (and
 fp32 set) is larger than the L3 cache: weights come from memory, as in the model. Every
 implementation is timed in the same run, interleaved rep by rep (the order rotates), so
 the ratios hold on a shared machine even when the absolute figures drift; the median of
-the reps is reported with the load average. "old" is qk_matmul built from the source of
+the reps is reported with the load average (5x the reps for M <= 8, whose passes are short). "old" is qk_matmul built from the source of
 `--old-rev` (the kernel before the tiled path), "new" is `cpu_quant.matmul` as the model
 calls it (`choose_path`); each M also checks that new and old give the same bits.
 
@@ -108,7 +108,8 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
             }
             times: dict[str, list[float]] = {name: [] for name in impls}
             names = list(impls)
-            for rep in range(args.reps + 1):
+            reps = args.reps * 5 if m <= 8 else args.reps  # short timings: more samples
+            for rep in range(reps + 1):
                 for name in names[rep % 3 :] + names[: rep % 3]:
                     t0 = time.perf_counter()
                     for i in range(len(packed)):
@@ -138,13 +139,13 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def bench_model(args: argparse.Namespace) -> dict:
+def bench_model(args: argparse.Namespace, threads: int) -> dict:
     from llmservice.server.config import EngineConfig
     from llmservice.server.engine.engine import LLMEngine
     from llmservice.server.engine.sampling_params import SamplingParams
     from llmservice.server.model.loader import load_model
 
-    torch.set_num_threads(args.model_threads)
+    torch.set_num_threads(threads)
     engines = {}
     vocab = 0
     for name, cpu_weights in (("packed", "quantized"), ("fp32", "fp32")):
@@ -157,7 +158,7 @@ def bench_model(args: argparse.Namespace) -> dict:
                 max_num_batched_tokens=1024,
                 kv_cache_memory_gib=0.25,
                 device="cpu",
-                num_threads=args.model_threads,
+                num_threads=threads,
             ),
             loaded=loaded,
         )
@@ -187,7 +188,7 @@ def bench_model(args: argparse.Namespace) -> dict:
             if rep:
                 decode[name].append(len(steps) / sum(steps))
     result = {
-        "threads": args.model_threads,
+        "threads": threads,
         "prefill_tokens": args.prefill_tokens,
         "prefill_ms": {name: statistics.median(v) for name, v in prefill.items()},
         "decode_batch1_tok_per_s": {name: statistics.median(v) for name, v in decode.items()},
@@ -195,7 +196,7 @@ def bench_model(args: argparse.Namespace) -> dict:
     }
     result["prefill_packed_vs_fp32"] = result["prefill_ms"]["packed"] / result["prefill_ms"]["fp32"]
     print(
-        f"model ({args.model_threads} threads): {args.prefill_tokens}-token prefill packed "
+        f"model ({threads} threads): {args.prefill_tokens}-token prefill packed "
         f"{result['prefill_ms']['packed']:.1f} ms vs fp32 {result['prefill_ms']['fp32']:.1f} ms "
         f"({result['prefill_packed_vs_fp32']:.2f}x); decode batch 1: packed "
         f"{result['decode_batch1_tok_per_s']['packed']:.1f} tok/s vs fp32 "
@@ -215,7 +216,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--old-rev", default=OLD_REV)
     ap.add_argument("--model", default="builtin:smollm2-135m")
-    ap.add_argument("--model-threads", type=int, default=2)
+    ap.add_argument("--model-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--model-reps", type=int, default=3)
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=64)
@@ -238,7 +239,7 @@ def main() -> None:
         "kernels": bench_kernels(args),
     }
     if not args.skip_model:
-        report["model"] = bench_model(args)
+        report["model"] = [bench_model(args, t) for t in args.model_threads]
     report["loadavg_end"] = loadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

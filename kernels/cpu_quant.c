@@ -299,7 +299,7 @@ static inline __attribute__((always_inline)) void tile_dot(
 
 /* Rows of activations per cache chunk: the chunk's activations (rows x K fp32) stay in L2
  * while every weight tile of the matrix passes over them. */
-#define CHUNK_BYTES (192 * 1024)
+#define CHUNK_BYTES (512 * 1024)
 
 /* The fp32 weights of `blocks` consecutive blocks into ws (the tiled path's scratch). */
 static inline __attribute__((always_inline)) void fill_tile(int kind, const uint8_t *w, int64_t blocks, float *ws) {
