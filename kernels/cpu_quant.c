@@ -337,7 +337,7 @@ static int tiled_impl(
         float *ws = scratch + (size_t)omp_get_thread_num() * TN * K;
         for (int64_t c0 = 0; c0 < M; c0 += chunk) {
             const int64_t c1 = c0 + chunk < M ? c0 + chunk : M;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait /* same tiles per thread every chunk: no wait */
             for (int64_t t = 0; t < tiles; t++) {
                 const int64_t n0 = t * TN, nr = N - n0 < TN ? N - n0 : TN;
                 switch (kind) { /* a constant kind in each unpacking loop (see direct_group) */
