@@ -27,6 +27,7 @@ Pure Python: four unknowns, a 4x4 solve per refit.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,13 @@ TERMS = ("fixed", "prefill_token", "decode_token", "attended_pair")
 # Features are divided by these before fitting so the normal matrix is well conditioned.
 _SCALES = (1.0, 1024.0, 64.0, float(1 << 20))
 _RIDGE = 1e-9  # keeps the solve defined before every direction has been seen
+# The margin for steps that mix decodes and prefill (`StepCostModel.margin`): the
+# MARGIN_QUANTILE of their measured / predicted time over the last MARGIN_WINDOW of them,
+# once MARGIN_MIN_STEPS were seen, within [1, MAX_MARGIN].
+MARGIN_WINDOW = 64
+MARGIN_MIN_STEPS = 8
+MARGIN_QUANTILE = 0.9
+MAX_MARGIN = 2.0
 PLAUSIBLE_RATIO = 3.0  # a prior sample its fit predicts more than 3x off (either way) is dropped
 MIN_PRIOR_SAMPLES = 4  # with four terms, fewer points always fit: nothing left to check
 
@@ -162,6 +170,7 @@ class StepCostModel:
         self.seeded = False
         self.dropped: list[tuple[StepShape, float]] = []
         self.coefficients = Coefficients()
+        self._mixed_ratios: deque[float] = deque(maxlen=MARGIN_WINDOW)
 
     @staticmethod
     def _scaled(shape: StepShape) -> list[float]:
@@ -227,6 +236,8 @@ class StepCostModel:
         weight = 1.0
         if self.ready:  # Huber: a residual past half the prediction counts as if it were that
             predicted = self.coefficients.predict(shape)
+            if shape.prefill_tokens and shape.decode_tokens and predicted > 0:
+                self._mixed_ratios.append(seconds / predicted)
             limit = max(0.5 * predicted, 1e-4)
             residual = abs(seconds - predicted)
             if residual > limit:
@@ -251,3 +262,17 @@ class StepCostModel:
 
     def predict(self, shape: StepShape) -> float:
         return self.coefficients.predict(shape)
+
+    def margin(self) -> float:
+        """How much longer than predicted recent mixed steps ran (their 90th percentile of
+        measured / predicted, at least 1). A linear fit is right on average, so about half
+        of the steps that carry prefill beside decodes overrun it (the prefill and the
+        decodes contend for the same cores and caches); the step budget plans prefill
+        within target / margin so those steps, whose length every decoding request waits
+        for, stay within the target. Decode-only steps are left out: they are planned
+        whole whatever they cost."""
+        if len(self._mixed_ratios) < MARGIN_MIN_STEPS:
+            return 1.0
+        ratios = sorted(self._mixed_ratios)
+        q = ratios[min(len(ratios) - 1, int(MARGIN_QUANTILE * len(ratios)))]
+        return min(MAX_MARGIN, max(1.0, q))

@@ -491,7 +491,12 @@ class Scheduler:
             for req in waiting:
                 _, num_cached = self.bm.get_computed_blocks(req)
                 needs.append((self._known(req) - num_cached, num_cached))
-        seconds = None if target is None else target - coefs.predict(self._planned_shape(plan))
+        # prefill within target / margin: mixed steps have been running that much over the fit
+        seconds = (
+            None
+            if target is None
+            else target / self.cost_model.margin() - coefs.predict(self._planned_shape(plan))
+        )
         allotted = step_budget.share_prefill(
             needs,
             seconds,

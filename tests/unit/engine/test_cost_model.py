@@ -147,3 +147,26 @@ def test_a_consistent_profile_is_kept_whole():
     model = StepCostModel()
     model.seed([(s, TRUE.predict(s) * f) for s, f in zip(PROFILE, (1.2, 0.9, 1.1, 1.0, 0.85), strict=True)])
     assert model.seeded and model.dropped == []
+
+
+def test_the_margin_is_the_90th_percentile_of_mixed_steps_over_their_prediction():
+    truth = Coefficients(fixed=0.01, prefill_token=1e-3, decode_token=2e-3, attended_pair=0.0)
+    model = StepCostModel()
+    model.seed([(StepShape(prefill_tokens=p, decode_tokens=d), truth.predict(StepShape(p, d)))
+                for p, d in ((64, 0), (16, 0), (0, 8), (0, 2), (32, 8))])  # fmt: skip
+    assert model.margin() == 1.0  # nothing seen yet
+    mixed, decode_only = StepShape(prefill_tokens=40, decode_tokens=6), StepShape(decode_tokens=6)
+    for i in range(60):
+        model.observe(decode_only, 3.0 * truth.predict(decode_only), refit=False)  # not counted
+        ratio = 1.3 if i % 10 else 1.6  # one step in ten runs long
+        model.observe(mixed, ratio * model.predict(mixed), refit=False)
+    assert model.margin() == pytest.approx(1.6)
+    for _ in range(64):  # the window forgets
+        model.observe(mixed, 1.2 * model.predict(mixed), refit=False)
+    assert model.margin() == pytest.approx(1.2)
+    for _ in range(64):
+        model.observe(mixed, 0.7 * model.predict(mixed), refit=False)
+    assert model.margin() == 1.0  # never below 1
+    for _ in range(64):
+        model.observe(mixed, 5.0 * model.predict(mixed), refit=False)
+    assert model.margin() == 2.0  # capped

@@ -98,6 +98,25 @@ def test_greedy_outputs_unchanged_and_every_rule_held(shared, reference, target_
     assert chunked and eng.scheduler.budget_stats.decode_overruns == 0
 
 
+def test_prefill_is_planned_within_the_target_over_the_margin(shared, reference):
+    """Mixed steps that ran 1.5x their prediction (the cost model's margin): prefill is
+    sized so the predicted mixed step fits target / 1.5; outputs unchanged. (A prompt
+    chunk of one token is costed as prefill by the budget and as a decode by StepShape:
+    the bound allows that difference for each.)"""
+    eng = budgeted(shared, max_step_ms=100.0, max_num_batched_tokens=96, max_num_seqs=6)
+    eng.cost_model.margin = lambda: 1.5
+    steps = record(eng)
+    assert [o.token_ids for o in eng.generate(*mixed_workload())] == reference
+    mixed = []
+    for decoding, scheduled, shape, _ in steps:
+        if decoding and set(scheduled) - decoding:
+            ones = sum(1 for rid, n in scheduled.items() if rid not in decoding and n == 1)
+            bound = 0.100 / 1.5 + ones * (FROZEN.decode_token - FROZEN.prefill_token) + 1e-9
+            mixed.append((FROZEN.predict(shape), bound))
+    assert mixed and all(predicted <= bound for predicted, bound in mixed), mixed
+    assert max(predicted for predicted, _ in mixed) > 0.100 / 2  # prefill still fills the room
+
+
 def test_decodes_alone_over_target_run_without_prefill_and_are_counted(shared, caplog):
     # cheap prefill, dear decodes: 4 decodes (10 + 4 x 4 ms) are over a 25 ms target
     dear_decodes = Coefficients(
