@@ -40,7 +40,7 @@ _RIDGE = 1e-9  # keeps the solve defined before every direction has been seen
 # once MARGIN_MIN_STEPS were seen, within [1, MAX_MARGIN].
 MARGIN_WINDOW = 64
 MARGIN_MIN_STEPS = 8
-MARGIN_QUANTILE = 0.9
+MARGIN_QUANTILE = 0.95
 MAX_MARGIN = 2.0
 PLAUSIBLE_RATIO = 3.0  # a prior sample its fit predicts more than 3x off (either way) is dropped
 MIN_PRIOR_SAMPLES = 4  # with four terms, fewer points always fit: nothing left to check
@@ -264,7 +264,7 @@ class StepCostModel:
         return self.coefficients.predict(shape)
 
     def margin(self) -> float:
-        """How much longer than predicted recent mixed steps ran (their 90th percentile of
+        """How much longer than predicted recent mixed steps ran (their 95th percentile of
         measured / predicted, at least 1). A linear fit is right on average, so about half
         of the steps that carry prefill beside decodes overrun it (the prefill and the
         decodes contend for the same cores and caches); the step budget plans prefill

@@ -149,7 +149,7 @@ def test_a_consistent_profile_is_kept_whole():
     assert model.seeded and model.dropped == []
 
 
-def test_the_margin_is_the_90th_percentile_of_mixed_steps_over_their_prediction():
+def test_the_margin_is_the_95th_percentile_of_mixed_steps_over_their_prediction():
     truth = Coefficients(fixed=0.01, prefill_token=1e-3, decode_token=2e-3, attended_pair=0.0)
     model = StepCostModel()
     model.seed([(StepShape(prefill_tokens=p, decode_tokens=d), truth.predict(StepShape(p, d)))
