@@ -111,7 +111,7 @@ def draft_kv_bytes_per_token(config: EngineConfig, target: LlamaModel) -> int:
     from llmservice.server.model.loader import read_model_info
 
     _, draft, _ = read_model_info(spec.model)
-    return 2 * draft.num_layers * draft.num_kv_heads * draft.head_dim * element
+    return draft.kv_bytes_per_token(element)
 
 
 def draft_weight_bytes(config: EngineConfig, target: LlamaModel) -> int:
