@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -204,7 +205,6 @@ def main() -> None:
     modes = args.modes.split(",")
     results: dict = {"workload": {k: getattr(args, k) for k in ("num_prompts", "concurrency", "input_len",
                                                                    "output_len", "threads", "model")},
-                     "note": "CPU shared with other jobs (2 cores, load from other sessions): figures are noisy",
                      "modes": {}}  # fmt: skip
     out = Path(args.out)
     if args.append and out.exists():
@@ -231,7 +231,10 @@ def main() -> None:
                 server_args = ["--max-step-ms", "0", "--max-num-batched-tokens", "256"]
             else:
                 raise SystemExit(f"unknown mode {name!r}")
+            load_before = os.getloadavg()
             results["modes"][name] = run_mode(name, server_args, args, workdir)
+            # the machine's load around the run: figures taken beside other work are noisy
+            results["modes"][name]["load_average"] = {"before": load_before, "after": os.getloadavg()}
     base = results["modes"].get("fixed-2048")
     if base:
         for row in results["modes"].values():

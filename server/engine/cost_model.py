@@ -41,6 +41,10 @@ _RIDGE = 1e-9  # keeps the solve defined before every direction has been seen
 MARGIN_WINDOW = 64
 MARGIN_MIN_STEPS = 8
 MARGIN_QUANTILE = 0.95
+# With `--max-step-ms` the target is the user's limit on inter-token latency, so its p99 is
+# what counts: a mixed step stalls every decoding request, and about one step in ten mixes,
+# so the budget plans for all but the longest of the window.
+SLO_MARGIN_QUANTILE = 0.99
 MAX_MARGIN = 2.0
 PLAUSIBLE_RATIO = 3.0  # a prior sample its fit predicts more than 3x off (either way) is dropped
 MIN_PRIOR_SAMPLES = 4  # with four terms, fewer points always fit: nothing left to check
@@ -263,8 +267,8 @@ class StepCostModel:
     def predict(self, shape: StepShape) -> float:
         return self.coefficients.predict(shape)
 
-    def margin(self) -> float:
-        """How much longer than predicted recent mixed steps ran (their 95th percentile of
+    def margin(self, quantile: float = MARGIN_QUANTILE) -> float:
+        """How much longer than predicted recent mixed steps ran (their `quantile` of
         measured / predicted, at least 1). A linear fit is right on average, so about half
         of the steps that carry prefill beside decodes overrun it (the prefill and the
         decodes contend for the same cores and caches); the step budget plans prefill
@@ -274,5 +278,5 @@ class StepCostModel:
         if len(self._mixed_ratios) < MARGIN_MIN_STEPS:
             return 1.0
         ratios = sorted(self._mixed_ratios)
-        q = ratios[min(len(ratios) - 1, int(MARGIN_QUANTILE * len(ratios)))]
+        q = ratios[min(len(ratios) - 1, int(quantile * len(ratios)))]
         return min(MAX_MARGIN, max(1.0, q))

@@ -31,7 +31,12 @@ from dataclasses import dataclass, field
 from llmservice.server.config import EngineConfig
 from llmservice.server.engine import policy, step_budget
 from llmservice.server.engine.block_manager import BlockManager
-from llmservice.server.engine.cost_model import StepCostModel, StepShape
+from llmservice.server.engine.cost_model import (
+    MARGIN_QUANTILE,
+    SLO_MARGIN_QUANTILE,
+    StepCostModel,
+    StepShape,
+)
 from llmservice.server.engine.prefix_sketch import PrefixSketch
 from llmservice.server.engine.request import Request, RequestStatus
 from llmservice.server.engine.step import PLACEHOLDER_TOKEN, ScheduledRequest, SchedulerOutput
@@ -495,7 +500,7 @@ class Scheduler:
         seconds = (
             None
             if target is None
-            else target / self.cost_model.margin() - coefs.predict(self._planned_shape(plan))
+            else target / self._margin() - coefs.predict(self._planned_shape(plan))
         )
         allotted = step_budget.share_prefill(
             needs,
@@ -527,6 +532,12 @@ class Scheduler:
             else step_budget.chunk_cost(coefs, step_budget.MIN_PROGRESS_TOKENS, 0)
         )
         self.budget_stats.forced = seconds is not None and seconds < least
+
+    def _margin(self) -> float:
+        """The cost model's margin: at the 99th percentile for the user's `--max-step-ms`
+        (a latency limit), the 95th for the derived default (throughput matters as much)."""
+        slo = self.config.max_step_ms is not None
+        return self.cost_model.margin(SLO_MARGIN_QUANTILE if slo else MARGIN_QUANTILE)
 
     def _count_overrun(self, target_s: float, predicted_s: float, num_decodes: int) -> None:
         """Decodes alone are over the target: they run, prefill waits. Counted; logged at

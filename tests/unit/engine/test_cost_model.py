@@ -161,6 +161,7 @@ def test_the_margin_is_the_95th_percentile_of_mixed_steps_over_their_prediction(
         ratio = 1.3 if i % 10 else 1.6  # one step in ten runs long
         model.observe(mixed, ratio * model.predict(mixed), refit=False)
     assert model.margin() == pytest.approx(1.6)
+    assert model.margin(0.5) == pytest.approx(1.3)  # the median mixed step
     for _ in range(64):  # the window forgets
         model.observe(mixed, 1.2 * model.predict(mixed), refit=False)
     assert model.margin() == pytest.approx(1.2)
