@@ -176,6 +176,8 @@ def write(name: str, result: dict) -> Path:
     if on_gpu():
         machine |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     machine |= {"model": CHOICE.model, "load_format": CHOICE.load_format}
+    # 1/5/15-minute load when written: figures taken beside other work are noisy
+    machine |= {"load_average": os.getloadavg()}
     result.setdefault("machine", machine)
     path = result_path(name)
     path.write_text(json.dumps(result, indent=2, default=float))

@@ -169,8 +169,11 @@ def plot(results: dict, path: Path) -> None:
         axes[0].axhline(results["slo_ms"], color="gray", ls="--", lw=1, label="SLO target")
     axes[2].bar(names, [results["modes"][n]["output_tok_s"] for n in names], color="tab:green")
     axes[2].set_title("output tok/s")
+    loads = [max(m["load_average"]["after"][0], m["load_average"]["before"][0])
+             for m in results["modes"].values() if "load_average" in m]  # fmt: skip
+    busiest = f", 1-min load up to {max(loads):.1f}" if loads else ""
     fig.suptitle(f"sharegpt-like, concurrency {results['workload']['concurrency']}, CPU "
-                 f"{results['workload']['threads']} threads (shared, noisy machine)")  # fmt: skip
+                 f"{results['workload']['threads']} threads{busiest}")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

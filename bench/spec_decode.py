@@ -127,7 +127,7 @@ def main() -> None:
             "methods": specs,
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
-            "note": "CPU, shared machine (other helpers' work ran at the same time): medians of alternating runs",
+            "note": "CPU: medians of alternating runs (machine.load_average says how busy it was)",
             "results": results,
         },
     )

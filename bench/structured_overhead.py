@@ -129,7 +129,7 @@ def main() -> int:
         "schema": SCHEMA,
         "results": summary,
         "target": "50 % constrained costs at most 10 % of throughput",
-        "note": "shared, noisy machine (other sessions running); medians of interleaved rounds",
+        "note": "medians of interleaved rounds (machine.load_average says how busy it was)",
     }
     print(f"first compile (import + vocab tables + schema): {compile_s:.2f} s")
     print(

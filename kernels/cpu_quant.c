@@ -29,6 +29,15 @@ static inline int omp_get_thread_num(void) { return 0; }
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
 
+/* Activation rows per direct pass: 8 with AVX-512's 32 registers (8 x 2 accumulators: a
+ * speculative verify of k = 4..7 drafts, or a small batch, unpacks each weight block once),
+ * 4 with AVX2's 16. */
+#ifdef QK_AVX512
+#define MB_MAX 8
+#else
+#define MB_MAX 4
+#endif
+
 static inline float f16_to_f32(uint16_t h) {
 #ifdef QK_AVX2
     return _cvtsh_ss(h);
@@ -170,7 +179,7 @@ static inline float hsum512(__m512 a) {
 #endif
 
 /* NR weight rows (nb blocks each, row_bytes apart) against MB activation rows (NR 1..4,
- * MB 1..4, constants after inlining): out[m][r] = sum_k w_r[k] x[m][k]. Per output two
+ * MB 1..MB_MAX, MB x NR <= 16; constants after inlining): out[m][r] = sum_k w_r[k] x[m][k]. Per output two
  * 8-lane accumulators, a0 (elements 0-7 and 16-23 of each block) and a1 (8-15, 24-31),
  * fed block after block, then hsum(a0 + a1): the same order whatever MB and NR, so a
  * row's result does not depend on how many rows share its pass (batch invariance: a token
@@ -178,11 +187,11 @@ static inline float hsum512(__m512 a) {
  * CPU independent FMA chains when there is a single activation row (decode). */
 static inline __attribute__((always_inline)) void row_dot(
     int kind, const uint8_t *row, int64_t row_bytes, int NR, int64_t nb, int bb, const float *x, int64_t ldx,
-    int MB, float out[4][4]) {
+    int MB, float out[MB_MAX][4]) {
 #ifdef QK_AVX512 /* a0 and a1 as the halves of one register: a block is x[0..16) then x[16..32) */
-    __m512 a[4][4];
-    for (int m = 0; m < 4; m++)
-        for (int r = 0; r < 4; r++) a[m][r] = _mm512_setzero_ps();
+    __m512 a[MB_MAX][4];
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < NR; r++) a[m][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * 32;
         for (int r = 0; r < NR; r++) {
@@ -198,9 +207,9 @@ static inline __attribute__((always_inline)) void row_dot(
     for (int m = 0; m < MB; m++)
         for (int r = 0; r < NR; r++) out[m][r] = hsum512(a[m][r]);
 #else
-    __m256 a[4][4][2];
-    for (int m = 0; m < 4; m++)
-        for (int r = 0; r < 4; r++) a[m][r][0] = a[m][r][1] = _mm256_setzero_ps();
+    __m256 a[MB_MAX][4][2];
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < NR; r++) a[m][r][0] = a[m][r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * 32;
         for (int r = 0; r < NR; r++) {
@@ -370,23 +379,26 @@ static int tiled_impl(
 }
 #endif
 
-/* Weight rows per direct pass: 4 with AVX-512's 32 registers (4 x 4 accumulators at most),
- * 2 with AVX2's 16 for up to 2 activation rows (1 from 3: 4 x 2 accumulators). */
+/* Weight rows per direct pass: 4 with AVX-512's 32 registers (4 x 4 accumulators for up to
+ * 4 activation rows, 8 x 2 from 5), 2 with AVX2's 16 for up to 2 activation rows (1 from 3:
+ * 4 x 2 accumulators). */
 #ifdef QK_AVX512
 #define RN 4
 #define RN_WIDE 4
+#define RN_XWIDE 2
 #else
 #define RN 2
 #define RN_WIDE 1
+#define RN_XWIDE 1
 #endif
 
 /* One direct pass with constant MB and NR (the compiler specialises row_dot for each). */
 #define ROW_DOT_CASE(MBV, NRV) row_dot(kind, row, row_bytes, NRV, nb, bb, xm, ldx, MBV, out)
 
-/* Output rows [n0, n0 + RN) of y = x @ W^T (+ bias) for all M activation rows, 4 at a time.
- * Called with a constant `kind` (a switch inside the parallel loop: gcc outlines an OpenMP
- * region before inlining, so a kind passed into the region would stay a runtime value
- * tested in the innermost loop). */
+/* Output rows [n0, n0 + RN) of y = x @ W^T (+ bias) for all M activation rows, MB_MAX at a
+ * time. Called with a constant `kind` (a switch inside the parallel loop: gcc outlines an
+ * OpenMP region before inlining, so a kind passed into the region would stay a runtime
+ * value tested in the innermost loop). */
 static inline __attribute__((always_inline)) void direct_group(
     int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
     int64_t ldy, const float *bias, int64_t n0) {
@@ -394,10 +406,10 @@ static inline __attribute__((always_inline)) void direct_group(
     const int64_t nb = K / 32, row_bytes = nb * bb;
     {
         const int64_t nr = N - n0 < RN ? N - n0 : RN;
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {
-            const int mb = (int)(M - m0 < 4 ? M - m0 : 4);
+        for (int64_t m0 = 0; m0 < M; m0 += MB_MAX) {
+            const int mb = (int)(M - m0 < MB_MAX ? M - m0 : MB_MAX);
             const float *xm = x + m0 * ldx;
-            float out[4][4];
+            float out[MB_MAX][4];
 #ifdef QK_AVX2
             for (int64_t r0 = 0; r0 < nr;) {
                 const uint8_t *row = w + (n0 + r0) * row_bytes;
@@ -406,16 +418,32 @@ static inline __attribute__((always_inline)) void direct_group(
                 if (mb <= 2 && nr - r0 >= RN) {
                     step = RN;
                     if (mb == 1) ROW_DOT_CASE(1, RN); else ROW_DOT_CASE(2, RN);
-                } else if (mb > 2 && RN_WIDE > 1 && nr - r0 >= RN_WIDE) {
+                } else if (mb > 2 && mb <= 4 && RN_WIDE > 1 && nr - r0 >= RN_WIDE) {
                     step = RN_WIDE;
                     if (mb == 3) ROW_DOT_CASE(3, RN_WIDE); else ROW_DOT_CASE(4, RN_WIDE);
+                } else if (mb > 4 && RN_XWIDE > 1 && nr - r0 >= RN_XWIDE) {
+                    step = RN_XWIDE;
+                    switch (mb) {
+#if MB_MAX > 4
+                    case 5: ROW_DOT_CASE(5, RN_XWIDE); break;
+                    case 6: ROW_DOT_CASE(6, RN_XWIDE); break;
+                    case 7: ROW_DOT_CASE(7, RN_XWIDE); break;
+                    default: ROW_DOT_CASE(MB_MAX, RN_XWIDE); break;
+#endif
+                    }
                 } else { /* the last rows of the matrix, one at a time */
                     step = 1;
                     switch (mb) {
                     case 1: ROW_DOT_CASE(1, 1); break;
                     case 2: ROW_DOT_CASE(2, 1); break;
                     case 3: ROW_DOT_CASE(3, 1); break;
-                    default: ROW_DOT_CASE(4, 1); break;
+#if MB_MAX > 4
+                    case 4: ROW_DOT_CASE(4, 1); break;
+                    case 5: ROW_DOT_CASE(5, 1); break;
+                    case 6: ROW_DOT_CASE(6, 1); break;
+                    case 7: ROW_DOT_CASE(7, 1); break;
+#endif
+                    default: ROW_DOT_CASE(MB_MAX, 1); break;
                     }
                 }
                 for (int m = 0; m < mb; m++)
@@ -425,7 +453,7 @@ static inline __attribute__((always_inline)) void direct_group(
             }
 #else
             for (int64_t r = 0; r < nr; r++) {
-                float o[4];
+                float o[MB_MAX];
                 row_dot_scalar(kind, w + (n0 + r) * row_bytes, nb, bb, xm, ldx, mb, o);
                 for (int m = 0; m < mb; m++) y[(m0 + m) * ldy + n0 + r] = o[m] + (bias ? bias[n0 + r] : 0.0f);
             }
@@ -436,7 +464,7 @@ static inline __attribute__((always_inline)) void direct_group(
 }
 
 /* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) @ W[N, K]^T (+ bias[N] if given).
- * Parallel over groups of RN output rows; activations in chunks of 4 rows per pass. */
+ * Parallel over groups of RN output rows; activations in chunks of MB_MAX rows per pass. */
 void qk_matmul(int kind, const uint8_t *w, int64_t N, int64_t K, const float *x, int64_t M, int64_t ldx, float *y,
                int64_t ldy, const float *bias, int nthreads) {
     if (kind != Q4_0 && kind != Q4_1 && kind != Q8_0) return;

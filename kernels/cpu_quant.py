@@ -31,7 +31,11 @@ Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGMLQuantizationType values
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 QK = 32
 DEQUANT_GEMM_MIN_ROWS = 64  # from here dequant_gemm ran as fast as direct (docs/cpu.md)
-TILED_MIN_ROWS = 6  # from here the tiled kernel beats direct (bench/cpu_quant_bench.py)
+# From these activation rows on, tiled beats direct (bench/cpu_quant_paths.py, docs/cpu.md):
+# direct takes up to 8 rows a pass, so at one thread tiled leads from the 9th; with more
+# threads tiled's per-thread tiles split small batches less evenly and lead from 17.
+TILED_MIN_ROWS = 9
+TILED_MIN_ROWS_THREADED = 17
 SLAB_ELEMENTS = 1 << 16  # dequant_gemm: rows per slab so a slab (256 KiB of fp32) stays in L2
 
 
@@ -79,14 +83,16 @@ class Packed:
         )
 
 
-def choose_path(m: int) -> str:
-    """'direct' below TILED_MIN_ROWS activation rows, 'tiled' from there. Both sum each
+def choose_path(m: int, threads: int | None = None) -> str:
+    """'direct' below TILED_MIN_ROWS activation rows (TILED_MIN_ROWS_THREADED with more than
+    one thread; default: torch's thread count), 'tiled' from there. Both sum each
     output in the same order (bit-identical results), so switching by M keeps the
     engine's exact-equality guarantees (a request's greedy tokens do not depend on what it
     was batched with, on chunking or on recompute preemption). 'dequant_gemm' is never
     chosen: torch's GEMM sums in another order, and switching to it by M flipped near-tied
     greedy tokens (docs/cpu.md); it stays available by name (benchmarks, `path=`)."""
-    return "tiled" if m >= TILED_MIN_ROWS else "direct"
+    threads = torch.get_num_threads() if threads is None else threads
+    return "tiled" if m >= (TILED_MIN_ROWS if threads <= 1 else TILED_MIN_ROWS_THREADED) else "direct"
 
 
 _scratch = threading.local()
@@ -149,9 +155,9 @@ def matmul(
 def _run(
     x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor, tiled: bool
 ) -> None:
-    """direct: blocks unpacked in registers, once per 4 activation rows. tiled: each weight
-    block unpacked once per chunk of rows into a per-thread scratch and reused by every row
-    of the chunk. Same summation order per output, so the same bits."""
+    """direct: blocks unpacked in registers, once per pass of up to 8 activation rows.
+    tiled: each weight block unpacked once per chunk of rows into a per-thread scratch and
+    reused by every row of the chunk. Same summation order per output, so the same bits."""
     direct, tiled_fn = _fns()
     b = None if bias is None else bias.contiguous()  # kept alive until the call returns
     args = (w.kind, w.data.data_ptr(), out.shape[1], w.cols, x.data_ptr(), x.shape[0],

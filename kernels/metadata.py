@@ -5,7 +5,7 @@ The runner lays out one flat batch of T new tokens from B sequences, decodes fir
 description, so the torch path and the Triton path see exactly the same inputs.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,9 @@ class AttentionMetadata:
     seq_lens_host: list[int]
     num_decodes: int  # the first num_decodes sequences have query length 1
     block_size: int
+    # what a kernel derives from this step's layout once and every layer reuses (torch_ops:
+    # the decode kernel's rows); a new AttentionMetadata per step, so never stale
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_seqs(self) -> int:

@@ -164,9 +164,13 @@ def paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
         )
     out = torch.empty_like(q)
-    short = _short_chunks(meta) if native else []
-    if native and (nd or short):  # reads the pool in place: no gather
-        _decode_rows(q, k_cache, v_cache, meta, scale, short, out)
+    short, rows = _decode_rows_plan(meta) if native else ([], None)
+    if rows is not None:  # reads the pool in place: no gather
+        index, tables, lens = rows
+        res = cpu_attention.paged_decode_attention(
+            q.index_select(0, index), k_cache, v_cache, tables, lens, scale
+        )
+        out.index_copy_(0, index, res)
     elif nd:
         out[:nd] = paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens_host[:nd], scale
@@ -199,21 +203,23 @@ def _short_chunks(meta: AttentionMetadata) -> list[tuple[int, int]]:
     return chunks
 
 
-def _decode_rows(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                 short: list[tuple[int, int]], out: torch.Tensor) -> None:  # fmt: skip
-    """The decodes and every row of the short chunks, in one decode-kernel call."""
-    nd = meta.num_decodes
+def _decode_rows_plan(meta: AttentionMetadata) -> tuple[list[tuple[int, int]], tuple | None]:
+    """The short chunks, and the decode kernel's (rows, block tables, lengths) for the
+    decodes and every row of them (None: no such row). Built on the first layer and kept in
+    `meta.derived` for the others: the same for every layer of the step."""
+    plan = meta.derived.get("decode_rows")
+    if plan is not None:
+        return plan
+    nd, short = meta.num_decodes, _short_chunks(meta)
     rows, tables, lens = [torch.arange(nd)], [meta.block_tables[:nd]], [meta.seq_lens[:nd]]
     for i, first in short:
         qlen, total = meta.query_lens[i], meta.seq_lens_host[i]
         rows.append(torch.arange(first, first + qlen))
         tables.append(meta.block_tables[i : i + 1].expand(qlen, -1))
         lens.append(torch.arange(total - qlen + 1, total + 1, dtype=meta.seq_lens.dtype))
-    index = torch.cat(rows)
-    res = cpu_attention.paged_decode_attention(
-        q.index_select(0, index), k_cache, v_cache, torch.cat(tables), torch.cat(lens), scale
-    )
-    out.index_copy_(0, index, res)
+    decode_rows = (torch.cat(rows), torch.cat(tables), torch.cat(lens)) if nd or short else None
+    plan = meta.derived["decode_rows"] = (short, decode_rows)
+    return plan
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -6,6 +6,7 @@ No third-party imports: server/config.py validates the flag with it, and the ope
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -49,8 +50,10 @@ def _int(data: dict, key: str, low: int, high: int | None = None) -> int | None:
     return value
 
 
+@functools.lru_cache(maxsize=8)
 def parse_speculative_config(text: str | None) -> SpeculativeConfig | None:
-    """The config a JSON object describes; None for no flag. ValueError names the mistake."""
+    """The config a JSON object describes; None for no flag. ValueError names the mistake.
+    Cached (the result is frozen): validation, the memory plan and the speculator each ask."""
     if text is None or not text.strip():
         return None
     try:

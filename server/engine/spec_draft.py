@@ -122,12 +122,8 @@ def draft_weight_bytes(config: EngineConfig, target: LlamaModel) -> int:
         return 0
     from llmservice.server.model.loader import read_model_info
 
-    _, d, _ = read_model_info(spec.model)
-    q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
-    per_layer = d.hidden_size * (2 * q + 2 * kv) + 3 * d.hidden_size * d.intermediate_size
-    embeddings = d.vocab_size * d.hidden_size * (1 if d.tie_word_embeddings else 2)
-    element = torch.tensor([], dtype=target.dtype).element_size()
-    return (d.num_layers * per_layer + embeddings) * element
+    _, draft, _ = read_model_info(spec.model)
+    return draft.num_params * torch.tensor([], dtype=target.dtype).element_size()
 
 
 class DraftModelProposer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from llmservice.server.config import ConfigError
 from llmservice.server.engine.spec_draft import DraftState, scratch_blocks_per_request, valid_prefix
 
@@ -109,3 +110,24 @@ def test_greedy_outputs_identical_with_a_model_draft_on_the_mixed_workload(make_
     assert eng.speculator.stats.num_drafts > 0
     eng.block_manager.check_invariants()
     assert eng.block_manager.usage == 0.0
+
+
+def test_a_draft_models_weights_are_sized_as_its_tensors_at_the_targets_dtype():
+    """The memory plan's draft weights: every tensor of the draft's file, as fp32 or bf16."""
+    from types import SimpleNamespace
+
+    from gguf import GGUFReader
+    from llmservice.server.config import EngineConfig
+    from llmservice.server.engine.spec_draft import draft_weight_bytes
+    from llmservice.server.model.loader import read_model_info
+
+    path, _, _ = read_model_info("builtin:smollm2-135m")
+    elements = sum(int(t.n_elements) for t in GGUFReader(path).tensors)
+    draft = json.dumps(
+        {"method": "draft_model", "model": "builtin:smollm2-135m", "num_speculative_tokens": 2}
+    )
+    config = EngineConfig(speculative_config=draft)
+    fp32, bf16 = (SimpleNamespace(dtype=d) for d in (torch.float32, torch.bfloat16))
+    assert draft_weight_bytes(config, fp32) == 4 * elements
+    assert draft_weight_bytes(config, bf16) == 2 * elements
+    assert draft_weight_bytes(EngineConfig(speculative_config=LAYER_SKIP), fp32) == 0  # shares the target's

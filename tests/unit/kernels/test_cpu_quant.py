@@ -120,6 +120,9 @@ def test_a_row_gives_the_same_bits_whatever_the_batch(kind):
     for rows in (slice(5, 6), slice(0, 3), slice(2, 7), slice(1, 70)):
         assert torch.equal(cpu_quant.matmul(x[rows], p), full[rows]), rows
     assert cpu_quant.choose_path(1) == "direct" and cpu_quant.choose_path(2048) == "tiled"
+    # a verification of 8 positions takes one direct pass; from there by thread count
+    assert [cpu_quant.choose_path(m, threads=1) for m in (8, 9)] == ["direct", "tiled"]
+    assert [cpu_quant.choose_path(m, threads=2) for m in (16, 17)] == ["direct", "tiled"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
