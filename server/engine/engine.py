@@ -399,6 +399,8 @@ class LLMEngine:
         stats.num_generation_tokens = sum(len(d.new_token_ids) for d in deltas)
         stats.duration_s = time.perf_counter() - t0
         self._time_step(sched, stats)
+        if self.speculator is not None:
+            self.speculator.observe_step(sched, stats.num_generation_tokens, stats.duration_s)
         self.last_step = stats
         return deltas
 

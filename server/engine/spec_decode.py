@@ -11,6 +11,7 @@ drafts (spec_policy.py) and asks a proposer: n-gram prompt lookup (spec_ngram.py
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -98,6 +99,8 @@ class Speculator:
         self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k)
         self.acceptance: dict[str, spec_policy.RequestAcceptance] = {}
         self.mean_accepted = float(self.k) / 2  # prior until drafts are verified
+        self.rates = spec_policy.BatchRates()
+        self._drafting_s = (0.0, 0.0)  # seconds drafting (for the step just run, for the next)
         self.step_index = 0
 
     # ---- after a step: count -------------------------------------------------------------
@@ -156,10 +159,26 @@ class Speculator:
         for (req, draft), n in zip(drafts, kept, strict=True):
             req.spec_token_ids = draft[:n]
 
+    def observe_step(self, out: SchedulerOutput, num_tokens: int, seconds: float) -> None:
+        """A decode-only step's output tokens and time, for the batch-level rule."""
+        if out.num_prompt_tokens or not out.scheduled:
+            return
+        if any(len(s.token_ids) != 1 for s in out.scheduled):
+            return
+        drafted = any(s.spec_token_ids for s in out.scheduled)
+        # the step's time held the drafting for the next step, not its own (a draft
+        # model's forward passes): charge each step the drafting that fed it
+        fed_it, for_next = self._drafting_s
+        seconds += fed_it - for_next
+        self.rates.observe(len(out.scheduled), drafted, num_tokens, seconds)
+
     def _batch_pays(self, decoding: list[Request]) -> bool:
         limit = self.config.disable_by_batch_size
+        measured = self.rates.decide(len(decoding)) if limit is None else None
         if limit is not None:
             pays = len(decoding) < limit
+        elif measured is not None:
+            pays = measured
         elif self.predict is None:
             pays = True
         else:
@@ -168,7 +187,7 @@ class Speculator:
             pays = spec_policy.speculation_pays(
                 self.predict(plain), self.predict(spec), self.mean_accepted
             )
-        if not pays and self.step_index % PROBE_EVERY_STEPS == 0:
+        if not pays and measured is None and self.step_index % PROBE_EVERY_STEPS == 0:
             pays = True  # re-measure acceptance now and then, or a low mean would stick
         if not pays:
             self.stats.batch_off_steps += 1
@@ -183,7 +202,9 @@ class Speculator:
     ) -> None:
         """The engine's one hook: count this step's verifications, draft for the next."""
         self.observe(out, tokens)
+        t0 = time.perf_counter()
         self.propose(running, bm)
+        self._drafting_s = (self._drafting_s[1], time.perf_counter() - t0)
 
     def forget(self, request_id: str) -> None:
         self.acceptance.pop(request_id, None)

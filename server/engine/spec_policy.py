@@ -5,17 +5,22 @@
   each time the probe fails, so a request whose text starts quoting (code, edits) gets
   speculation back.
 - Per batch: drafting k tokens for each of B decodes makes the step verify B(k+1)
-  tokens. It pays when that step's predicted time, over the plain step's, is below the
-  tokens a speculating request gets per step (1 + mean accepted). On a memory-bound
-  step the ratio is near 1; once the batch is large enough to be compute-bound it
-  approaches k+1 and speculation turns off. Both times come from the engine's measured
-  step-cost model, so the threshold is measured, not a constant.
+  tokens. On a memory-bound step that costs little more than the plain step; once the
+  batch is large enough to be compute-bound it costs nearly k+1 times as much, and
+  speculation must turn off. The rule (`BatchRates`) measures it: the output tokens per
+  second of decode-only steps at each batch size, with drafts and without, and
+  speculates at a batch size while its rate with drafts is at least the rate without.
+  A batch size measured one way only is tried the other way next; the losing way is
+  tried again now and then, since acceptance and context lengths drift. Before any
+  measurement, the engine's linear step-cost model predicts (`speculation_pays`): its
+  verify time is a guess (a linear model has no memory-bound regime), so the
+  measurement decides from the first steps on.
 - Under memory pressure drafts are cut to the free blocks before anything is preempted.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_ACCEPTANCE = 0.2  # accepted / drafted below this: the request drafts nothing for a while
 EWMA_WEIGHT = 0.3  # of the newest verification
@@ -55,6 +60,41 @@ def speculation_pays(plain_step_s: float, spec_step_s: float, mean_accepted: flo
     if plain_step_s <= 0:
         return True
     return spec_step_s / plain_step_s < 1.0 + mean_accepted
+
+
+RATE_EWMA_WEIGHT = 0.3  # of the newest decode-only step at a batch size
+RETRY_LOSER_EVERY = 32  # measurements at a batch size between two tries of the losing way
+
+
+@dataclass
+class BatchRates:
+    """Output tokens per second of decode-only steps by batch size, with and without drafts
+    (EWMAs), and the decision they imply."""
+
+    plain: dict[int, float] = field(default_factory=dict)
+    spec: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)  # measurements at each batch size
+
+    def observe(self, batch: int, speculated: bool, tokens: int, seconds: float) -> None:
+        if batch <= 0 or seconds <= 0:
+            return
+        rates = self.spec if speculated else self.plain
+        rate = tokens / seconds
+        old = rates.get(batch)
+        rates[batch] = rate if old is None else (1 - RATE_EWMA_WEIGHT) * old + RATE_EWMA_WEIGHT * rate
+        self.seen[batch] = self.seen.get(batch, 0) + 1
+
+    def decide(self, batch: int) -> bool | None:
+        """Speculate at this batch size? None: measured neither way (the caller predicts)."""
+        spec, plain = self.spec.get(batch), self.plain.get(batch)
+        if spec is None and plain is None:
+            return None
+        if spec is None or plain is None:
+            return spec is None  # try the way not yet measured
+        wins = spec >= plain
+        if self.seen.get(batch, 0) % RETRY_LOSER_EVERY == 0:
+            return not wins  # now and then the other way, so a stale loss does not stick
+        return wins
 
 
 def draft_budget(

@@ -42,6 +42,65 @@ def test_speculation_pays_while_the_verify_step_costs_less_than_the_tokens_it_br
     )
 
 
+def test_batch_rates_speculate_where_drafts_bring_more_tokens_per_second():
+    rates = spec_policy.BatchRates()
+    assert rates.decide(8) is None  # nothing measured: the caller predicts
+    rates.observe(8, speculated=False, tokens=8, seconds=0.10)  # 80 tok/s plain
+    assert rates.decide(8) is True  # measured plain only: try drafts next
+    rates.observe(8, speculated=True, tokens=24, seconds=0.40)  # 60 tok/s: compute-bound
+    assert rates.decide(8) is False
+    assert rates.decide(1) is None  # each batch size on its own
+    rates.observe(1, speculated=True, tokens=3, seconds=0.03)
+    assert rates.decide(1) is False  # measured with drafts only: try without next
+    rates.observe(1, speculated=False, tokens=1, seconds=0.02)  # 100 vs 50 tok/s
+    assert rates.decide(1) is True
+
+
+def test_batch_rates_try_the_losing_way_again_now_and_then():
+    """Acceptance drifts (a request starts quoting): a loss measured once must not stick."""
+    rates = spec_policy.BatchRates()
+    decisions = []
+    for _ in range(3 * spec_policy.RETRY_LOSER_EVERY):
+        speculate = rates.decide(4)
+        decisions.append(speculate)
+        # drafts lose at this size: 4 tokens x 1.5 accepted cost 3x the plain step
+        tokens, seconds = (6, 0.03) if speculate else (4, 0.01)
+        rates.observe(4, speculated=bool(speculate), tokens=tokens, seconds=seconds)
+    tries = sum(1 for d in decisions[2:] if d)
+    assert decisions[:2] == [None, True] and 2 <= tries <= 4, decisions
+
+
+def test_the_speculator_turns_off_at_a_batch_size_measured_to_lose():
+    """Decode-only steps fed to the speculator: at batch 8 the steps with drafts gave fewer
+    tokens per second, so it drafts nothing there; at batch 1 they gave more."""
+    from types import SimpleNamespace
+
+    from llmservice.server.engine.spec_config import parse_speculative_config
+    from llmservice.server.engine.spec_decode import Speculator
+    from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
+
+    spec = Speculator(
+        parse_speculative_config(json.dumps({"method": "ngram", "num_speculative_tokens": 4})), 1024
+    )
+
+    def step(batch: int, drafts: int) -> SchedulerOutput:
+        return SchedulerOutput(scheduled=[
+            ScheduledRequest(f"r{i}", [7], 10, 0, [], True, spec_token_ids=[5] * drafts)
+            for i in range(batch)
+        ])  # fmt: skip
+
+    spec.observe_step(step(8, 0), num_tokens=8, seconds=0.10)
+    spec.observe_step(step(8, 4), num_tokens=24, seconds=0.40)
+    spec.observe_step(step(1, 0), num_tokens=1, seconds=0.02)
+    spec.observe_step(step(1, 4), num_tokens=3, seconds=0.03)
+    mixed = step(8, 0)
+    mixed.num_prompt_tokens = 64  # a step with prefill is no measure of decoding: ignored
+    spec.observe_step(mixed, num_tokens=1, seconds=9.0)
+    requests = [SimpleNamespace(num_computed_tokens=10) for _ in range(8)]
+    assert spec._batch_pays(requests) is False and spec.stats.batch_off_steps == 1
+    assert spec._batch_pays(requests[:1]) is True
+
+
 def test_draft_budget_never_drafts_past_max_tokens_or_the_context():
     assert (
         spec_policy.draft_budget(4, num_output=0, max_tokens=10, num_tokens=20, max_model_len=100)

@@ -20,9 +20,12 @@ import pytest
 import torch
 from llmservice.server.engine.sampling_params import SamplingParams
 
+# disable_by_batch_size above max_num_seqs: every step drafts (the measured batch rule
+# would turn batches of 128 off), so the whole sample is judged through verification
 NGRAM = json.dumps(
-    {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-)
+    {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
+     "prompt_lookup_min": 1, "disable_by_batch_size": 4096}
+)  # fmt: skip
 PROMPT = [1504, 3070, 1093, 3456, 1504, 3070, 1093, 3456, 1504, 3070, 1093, 3456, 1504, 3070]
 
 
