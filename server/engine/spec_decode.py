@@ -101,6 +101,7 @@ class Speculator:
         self.mean_accepted = float(self.k) / 2  # prior until drafts are verified
         self.rates = spec_policy.BatchRates()
         self._drafting_s = (0.0, 0.0)  # seconds drafting (for the step just run, for the next)
+        self._on_for_next = self._on_for_this = False  # did the batch rule speculate
         self.step_index = 0
 
     # ---- after a step: count -------------------------------------------------------------
@@ -134,7 +135,8 @@ class Speculator:
         ]
         for req in running:
             req.spec_token_ids = []
-        if not decoding or not self._batch_pays(decoding):
+        self._on_for_next = bool(decoding) and self._batch_pays(decoding)
+        if not self._on_for_next:
             return
         wanted: list[tuple[Request, int]] = []
         for req in decoding:
@@ -165,12 +167,13 @@ class Speculator:
             return
         if any(len(s.token_ids) != 1 for s in out.scheduled):
             return
-        drafted = any(s.spec_token_ids for s in out.scheduled)
         # the step's time held the drafting for the next step, not its own (a draft
         # model's forward passes): charge each step the drafting that fed it
         fed_it, for_next = self._drafting_s
         seconds += fed_it - for_next
-        self.rates.observe(len(out.scheduled), drafted, num_tokens, seconds)
+        # a step is "with drafts" when the rule had speculation on for it, whether or not
+        # lookups found any: a failed lookup's cost is the price of speculating
+        self.rates.observe(len(out.scheduled), self._on_for_this, num_tokens, seconds)
 
     def _batch_pays(self, decoding: list[Request]) -> bool:
         limit = self.config.disable_by_batch_size
@@ -203,8 +206,10 @@ class Speculator:
         """The engine's one hook: count this step's verifications, draft for the next."""
         self.observe(out, tokens)
         t0 = time.perf_counter()
+        on_for_this = self._on_for_next
         self.propose(running, bm)
         self._drafting_s = (self._drafting_s[1], time.perf_counter() - t0)
+        self._on_for_this = on_for_this
 
     def forget(self, request_id: str) -> None:
         self.acceptance.pop(request_id, None)

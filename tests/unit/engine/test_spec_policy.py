@@ -89,10 +89,15 @@ def test_the_speculator_turns_off_at_a_batch_size_measured_to_lose():
             for i in range(batch)
         ])  # fmt: skip
 
-    spec.observe_step(step(8, 0), num_tokens=8, seconds=0.10)
-    spec.observe_step(step(8, 4), num_tokens=24, seconds=0.40)
-    spec.observe_step(step(1, 0), num_tokens=1, seconds=0.02)
-    spec.observe_step(step(1, 4), num_tokens=3, seconds=0.03)
+    def observe(out: SchedulerOutput, num_tokens: int, seconds: float, on: bool) -> None:
+        spec._on_for_this = on  # the rule's choice for this step (after_step keeps it)
+        spec.observe_step(out, num_tokens=num_tokens, seconds=seconds)
+
+    observe(step(8, 0), 8, 0.10, on=False)
+    observe(step(8, 4), 24, 0.40, on=True)
+    observe(step(1, 0), 1, 0.02, on=False)
+    observe(step(1, 0), 1, 0.03, on=True)  # speculating, yet no lookup found a draft
+    observe(step(1, 4), 5, 0.03, on=True)
     mixed = step(8, 0)
     mixed.num_prompt_tokens = 64  # a step with prefill is no measure of decoding: ignored
     spec.observe_step(mixed, num_tokens=1, seconds=9.0)
