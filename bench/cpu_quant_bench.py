@@ -90,6 +90,23 @@ def old_kernel(rev: str) -> Callable[[torch.Tensor, Packed], torch.Tensor]:
     return run
 
 
+def time_interleaved(impls: dict[str, Callable[[int], object]], count: int, reps: int) -> dict[str, float]:
+    """Median ms per call of each implementation, called on matrices 0..count-1 in turn,
+    over `reps` reps after a warm-up one; the order rotates each rep, so a drift in the
+    machine's speed falls on every implementation alike."""
+    times: dict[str, list[float]] = {name: [] for name in impls}
+    names = list(impls)
+    for rep in range(reps + 1):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            t0 = time.perf_counter()
+            for i in range(count):
+                impls[name](i)
+            if rep:  # the first rep warms up
+                times[name].append((time.perf_counter() - t0) / count * 1e3)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def bench_kernels(args: argparse.Namespace) -> list[dict]:
     n, k = args.rows, args.cols
     packed = [Packed(Q4_1, random_blocks(Q4_1, n, k, seed=i), k) for i in range(args.matrices)]
@@ -106,17 +123,8 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
                 "old": lambda i, x=x: old(x, packed[i]),
                 "new": lambda i, x=x: cpu_quant.matmul(x, packed[i]),
             }
-            times: dict[str, list[float]] = {name: [] for name in impls}
-            names = list(impls)
             reps = args.reps * 5 if m <= 8 else args.reps  # short timings: more samples
-            for rep in range(reps + 1):
-                for name in names[rep % 3 :] + names[: rep % 3]:
-                    t0 = time.perf_counter()
-                    for i in range(len(packed)):
-                        impls[name](i)
-                    if rep:  # the first rep warms up
-                        times[name].append((time.perf_counter() - t0) / len(packed) * 1e3)
-            ms = {name: statistics.median(v) for name, v in times.items()}
+            ms = time_interleaved(impls, len(packed), reps)
             row = {
                 "threads": threads,
                 "m": m,

@@ -3,7 +3,7 @@
 For each thread count and activation-row count M: ms per Q4_1 matrix of the model's
 gate_up shape (3072 x 576) for the 4-row direct kernel built from `--old-rev` (the kernel
 before 8-row passes), today's `direct` and today's `tiled`, cycling through 56 matrices so
-the weights come from memory, interleaved rep by rep; medians. Every path is checked to
+the weights come from memory, interleaved rep by rep (the order rotating); medians. Every path is checked to
 give the old kernel's bits. JSON: bench/results/cpu_quant_paths.json.
 
     .venv/bin/python bench/cpu_quant_paths.py [--m 1 5 8 9 16] [--threads 1 2]
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import common
 import torch
-from cpu_quant_bench import old_kernel, random_blocks
+from cpu_quant_bench import old_kernel, random_blocks, time_interleaved
 from llmservice.kernels import cpu_quant
 from llmservice.kernels.cpu_quant import Q4_1, Packed
 
@@ -45,15 +43,7 @@ def main() -> None:
                 "tiled": lambda i, x=x: cpu_quant.matmul(x, packed[i], path="tiled"),
             }
             same = all(torch.equal(f(0), ref) for f in impls.values())
-            times: dict[str, list[float]] = {name: [] for name in impls}
-            for rep in range(args.reps + 1):
-                for name, f in impls.items():
-                    t0 = time.perf_counter()
-                    for i in range(len(packed)):
-                        f(i)
-                    if rep:  # the first rep warms up
-                        times[name].append((time.perf_counter() - t0) / len(packed) * 1e3)
-            ms = {name: statistics.median(v) for name, v in times.items()}
+            ms = time_interleaved(impls, len(packed), args.reps)
             row = {"threads": threads, "m": m, "chosen": cpu_quant.choose_path(m),
                    **{f"ms_{name}": v for name, v in ms.items()}, "same_bits": same,
                    "load_average": os.getloadavg()[0]}  # fmt: skip

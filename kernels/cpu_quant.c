@@ -389,7 +389,6 @@ static int tiled_impl(
 #else
 #define RN 2
 #define RN_WIDE 1
-#define RN_XWIDE 1
 #endif
 
 /* One direct pass with constant MB and NR (the compiler specialises row_dot for each). */
@@ -421,16 +420,16 @@ static inline __attribute__((always_inline)) void direct_group(
                 } else if (mb > 2 && mb <= 4 && RN_WIDE > 1 && nr - r0 >= RN_WIDE) {
                     step = RN_WIDE;
                     if (mb == 3) ROW_DOT_CASE(3, RN_WIDE); else ROW_DOT_CASE(4, RN_WIDE);
-                } else if (mb > 4 && RN_XWIDE > 1 && nr - r0 >= RN_XWIDE) {
+#if MB_MAX > 4
+                } else if (mb > 4 && nr - r0 >= RN_XWIDE) {
                     step = RN_XWIDE;
                     switch (mb) {
-#if MB_MAX > 4
                     case 5: ROW_DOT_CASE(5, RN_XWIDE); break;
                     case 6: ROW_DOT_CASE(6, RN_XWIDE); break;
                     case 7: ROW_DOT_CASE(7, RN_XWIDE); break;
                     default: ROW_DOT_CASE(MB_MAX, RN_XWIDE); break;
-#endif
                     }
+#endif
                 } else { /* the last rows of the matrix, one at a time */
                     step = 1;
                     switch (mb) {

@@ -142,18 +142,20 @@ def matmul(
     m, n = x2.shape[0], w.data.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
     if m:
-        chosen = path or choose_path(m)
+        threads = torch.get_num_threads()
+        chosen = path or choose_path(m, threads)
         if chosen == "dequant_gemm":
             _dequant_gemm(x2, w, bias, out)
         elif chosen in ("direct", "tiled"):
-            _run(x2, w, bias, out, tiled=chosen == "tiled")
+            _run(x2, w, bias, out, tiled=chosen == "tiled", threads=threads)
         else:
             raise ValueError(f"unknown path {chosen!r} (direct, tiled, dequant_gemm)")
     return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
 def _run(
-    x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor, tiled: bool
+    x: torch.Tensor, w: Packed, bias: torch.Tensor | None, out: torch.Tensor, tiled: bool,
+    threads: int,
 ) -> None:
     """direct: blocks unpacked in registers, once per pass of up to 8 activation rows.
     tiled: each weight block unpacked once per chunk of rows into a per-thread scratch and
@@ -162,7 +164,7 @@ def _run(
     b = None if bias is None else bias.contiguous()  # kept alive until the call returns
     args = (w.kind, w.data.data_ptr(), out.shape[1], w.cols, x.data_ptr(), x.shape[0],
             x.stride(0), out.data_ptr(), out.stride(0), None if b is None else b.data_ptr(),
-            torch.get_num_threads())  # fmt: skip
+            threads)  # fmt: skip
     if not tiled or tiled_fn(*args) != 0:  # tiled's scratch not allocated: direct, same bits
         direct(*args)
 

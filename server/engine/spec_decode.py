@@ -100,8 +100,9 @@ class Speculator:
         self.acceptance: dict[str, spec_policy.RequestAcceptance] = {}
         self.mean_accepted = float(self.k) / 2  # prior until drafts are verified
         self.rates = spec_policy.BatchRates()
-        self._drafting_s = (0.0, 0.0)  # seconds drafting (for the step just run, for the next)
-        self._on_for_next = self._on_for_this = False  # did the batch rule speculate
+        # how the step just run and the next one were fed: (the batch rule speculated,
+        # seconds spent drafting for it)
+        self._fed: tuple[tuple[bool, float], tuple[bool, float]] = ((False, 0.0), (False, 0.0))
         self.step_index = 0
 
     # ---- after a step: count -------------------------------------------------------------
@@ -127,17 +128,17 @@ class Speculator:
         self.proposer.forget(out.finished_request_ids)
 
     # ---- before the next step: propose ------------------------------------------------------
-    def propose(self, running: list[Request], bm: BlockManager) -> None:
-        """Set the drafts of every decoding request for the next step (or clear them)."""
+    def propose(self, running: list[Request], bm: BlockManager) -> bool:
+        """Set the drafts of every decoding request for the next step (or clear them);
+        whether the batch rule speculates for it (found drafts or not)."""
         self.step_index += 1
         decoding = [
             r for r in running if r.num_tokens - r.num_computed_tokens == 1 and not r.is_finished
         ]
         for req in running:
             req.spec_token_ids = []
-        self._on_for_next = bool(decoding) and self._batch_pays(decoding)
-        if not self._on_for_next:
-            return
+        if not decoding or not self._batch_pays(decoding):
+            return False
         wanted: list[tuple[Request, int]] = []
         for req in decoding:
             track = self.acceptance.get(req.request_id)
@@ -153,13 +154,14 @@ class Speculator:
         proposed = self.proposer.propose(wanted, bm) if wanted else {}
         drafts = [(req, proposed[req.request_id]) for req, _ in wanted if proposed.get(req.request_id)]
         if not drafts:
-            return
+            return True
         needs = [
             (r.num_computed_tokens, len(bm.block_ids(r.request_id)), len(d)) for r, d in drafts
         ]
         kept = spec_policy.fit_drafts_to_blocks(needs, bm.num_free_blocks, bm.block_size)
         for (req, draft), n in zip(drafts, kept, strict=True):
             req.spec_token_ids = draft[:n]
+        return True
 
     def observe_step(self, out: SchedulerOutput, num_tokens: int, seconds: float) -> None:
         """A decode-only step's output tokens and time, for the batch-level rule."""
@@ -169,11 +171,11 @@ class Speculator:
             return
         # the step's time held the drafting for the next step, not its own (a draft
         # model's forward passes): charge each step the drafting that fed it
-        fed_it, for_next = self._drafting_s
+        (speculated, fed_it), (_, for_next) = self._fed
         seconds += fed_it - for_next
         # a step is "with drafts" when the rule had speculation on for it, whether or not
         # lookups found any: a failed lookup's cost is the price of speculating
-        self.rates.observe(len(out.scheduled), self._on_for_this, num_tokens, seconds)
+        self.rates.observe(len(out.scheduled), speculated, num_tokens, seconds)
 
     def _batch_pays(self, decoding: list[Request]) -> bool:
         limit = self.config.disable_by_batch_size
@@ -206,10 +208,8 @@ class Speculator:
         """The engine's one hook: count this step's verifications, draft for the next."""
         self.observe(out, tokens)
         t0 = time.perf_counter()
-        on_for_this = self._on_for_next
-        self.propose(running, bm)
-        self._drafting_s = (self._drafting_s[1], time.perf_counter() - t0)
-        self._on_for_this = on_for_this
+        speculating = self.propose(running, bm)
+        self._fed = (self._fed[1], (speculating, time.perf_counter() - t0))
 
     def forget(self, request_id: str) -> None:
         self.acceptance.pop(request_id, None)

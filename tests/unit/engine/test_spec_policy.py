@@ -90,7 +90,7 @@ def test_the_speculator_turns_off_at_a_batch_size_measured_to_lose():
         ])  # fmt: skip
 
     def observe(out: SchedulerOutput, num_tokens: int, seconds: float, on: bool) -> None:
-        spec._on_for_this = on  # the rule's choice for this step (after_step keeps it)
+        spec._fed = ((on, 0.0), (False, 0.0))  # the rule's choice for this step (after_step keeps it)
         spec.observe_step(out, num_tokens=num_tokens, seconds=seconds)
 
     observe(step(8, 0), 8, 0.10, on=False)
