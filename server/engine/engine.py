@@ -141,9 +141,7 @@ class LLMEngine:
         self.last_step = StepStats()
         self._ids = itertools.count()
         # --speculative-config: drafts proposed after each step (spec_decode.py)
-        self.speculator = spec_decode.make_speculator(
-            config, self.max_model_len, getattr(self, "cost_model", None), model, num_blocks
-        )
+        self.speculator = spec_decode.make_speculator(config, self.max_model_len, model, num_blocks)
         # --async-scheduling (overlap.py): plan step N+1 while step N runs
         try:
             self.async_scheduling = overlap.resolve_async_scheduling(
@@ -400,7 +398,7 @@ class LLMEngine:
         stats.duration_s = time.perf_counter() - t0
         self._time_step(sched, stats)
         if self.speculator is not None:
-            self.speculator.observe_step(sched, stats.num_generation_tokens, stats.duration_s)
+            self.speculator.observe_step(sched, stats.duration_s)
         self.last_step = stats
         return deltas
 

@@ -12,7 +12,6 @@ drafts (spec_policy.py) and asks a proposer: n-gram prompt lookup (spec_ngram.py
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,10 +22,6 @@ from llmservice.server.engine.request import Request
 from llmservice.server.engine.spec_config import SpeculativeConfig, parse_speculative_config
 from llmservice.server.engine.spec_ngram import propose_ngram
 from llmservice.server.engine.step import SchedulerOutput
-
-# (num_tokens, start_position) per request -> predicted step seconds (the engine's cost model)
-StepPredictor = Callable[[list[tuple[int, int]]], float]
-PROBE_EVERY_STEPS = 32
 
 
 class Proposer(Protocol):
@@ -64,7 +59,7 @@ class SpecDecodeStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)  # accepted drafts at position i
-    batch_off_steps: int = 0  # steps the batch-level rule turned speculation off
+    batch_off_steps: int = 0  # steps with drafts on offer where the plan drafted none
 
     def totals(self) -> tuple[int, int, int, tuple[int, ...]]:
         """What EngineStats carries to the metrics (server/spec_metrics.py)."""
@@ -82,27 +77,22 @@ class SpecDecodeStats:
 
 
 class Speculator:
-    def __init__(
-        self,
-        config: SpeculativeConfig,
-        max_model_len: int,
-        predict: StepPredictor | None = None,
-        proposer: Proposer | None = None,
-    ):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer: Proposer | None = None):
         if proposer is None and config.method != "ngram":
             raise ValueError(f"speculative method {config.method!r} needs its draft's proposer")
         self.proposer: Proposer = proposer or NgramProposer(config)
+        # a lookup costs nothing worth planning around: look first, then plan on what was
+        # found; a draft model's passes cost, so plan first and draft only what pays
+        self.lookup_first = proposer is None
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
-        self.predict = predict
         self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k)
-        self.acceptance: dict[str, spec_policy.RequestAcceptance] = {}
-        self.mean_accepted = float(self.k) / 2  # prior until drafts are verified
-        self.rates = spec_policy.BatchRates()
-        # how the step just run and the next one were fed: (the batch rule speculated,
-        # seconds spent drafting for it)
-        self._fed: tuple[tuple[bool, float], tuple[bool, float]] = ((False, 0.0), (False, 0.0))
+        self.engine_acceptance = spec_policy.AcceptanceByPosition.prior(self.k)
+        self.acceptance: dict[str, spec_policy.AcceptanceByPosition] = {}
+        self.step_times = spec_policy.StepTimes()
+        self.round_seconds = 0.0  # a draft model's seconds per draft position (EWMA)
+        self._drafting_s = 0.0  # spent in after_step drafting for the next step
         self.step_index = 0
 
     # ---- after a step: count -------------------------------------------------------------
@@ -119,84 +109,99 @@ class Speculator:
             st.num_accepted_tokens += accepted
             for i in range(accepted):
                 st.accepted_per_pos[i] += 1
-            w = spec_policy.EWMA_WEIGHT
-            self.mean_accepted = (1 - w) * self.mean_accepted + w * accepted
-            track = self.acceptance.setdefault(s.request_id, spec_policy.RequestAcceptance())
-            track.observe(drafted, accepted, self.step_index)
+            self.engine_acceptance.observe(drafted, accepted, spec_policy.ENGINE_EWMA)
+            self._acceptance(s.request_id).observe(drafted, accepted, spec_policy.REQUEST_EWMA)
         for rid in out.finished_request_ids:
             self.acceptance.pop(rid, None)
         self.proposer.forget(out.finished_request_ids)
 
+    def _acceptance(self, request_id: str) -> spec_policy.AcceptanceByPosition:
+        track = self.acceptance.get(request_id)
+        if track is None:
+            track = spec_policy.AcceptanceByPosition(list(self.engine_acceptance.p))
+            self.acceptance[request_id] = track
+        return track
+
     # ---- before the next step: propose ------------------------------------------------------
-    def propose(self, running: list[Request], bm: BlockManager) -> bool:
-        """Set the drafts of every decoding request for the next step (or clear them);
-        whether the batch rule speculates for it (found drafts or not)."""
+    def propose(self, running: list[Request], bm: BlockManager) -> None:
+        """Set the drafts of every decoding request for the next step (or clear them)."""
         self.step_index += 1
         decoding = [
             r for r in running if r.num_tokens - r.num_computed_tokens == 1 and not r.is_finished
         ]
         for req in running:
             req.spec_token_ids = []
-        if not decoding or not self._batch_pays(decoding):
-            return False
-        wanted: list[tuple[Request, int]] = []
-        for req in decoding:
-            track = self.acceptance.get(req.request_id)
-            if getattr(req.sampling_params, "structured", None) is not None:
-                continue
-            if track is not None and not track.enabled(self.step_index):
-                continue
-            n = spec_policy.draft_budget(
-                self.k, req.num_output_tokens, req.max_tokens, req.num_tokens, self.max_model_len
+        limit = self.config.disable_by_batch_size
+        if not decoding or (limit is not None and len(decoding) >= limit):
+            return
+        budgets = [self._budget(req) for req in decoding]
+        found: dict[str, list[int]] = {}
+        if self.lookup_first:
+            wanted = [(req, n) for req, n in zip(decoding, budgets, strict=True) if n > 0]
+            found = self.proposer.propose(wanted, bm) if wanted else {}
+            budgets = [len(found.get(req.request_id, ())) for req in decoding]
+        if not any(budgets):
+            return
+        # disable_by_batch_size: vLLM's fixed rule (every draft below that batch size)
+        # instead of the measured plan
+        lengths = budgets if limit is not None else self._plan(decoding, budgets)
+        if not any(lengths):
+            self.stats.batch_off_steps += 1
+            return
+        if not self.lookup_first:
+            t0 = time.perf_counter()
+            found = self.proposer.propose(
+                [(r, n) for r, n in zip(decoding, lengths, strict=True) if n > 0], bm
             )
-            if n > 0:
-                wanted.append((req, n))
-        proposed = self.proposer.propose(wanted, bm) if wanted else {}
-        drafts = [(req, proposed[req.request_id]) for req, _ in wanted if proposed.get(req.request_id)]
-        if not drafts:
-            return True
+            w = spec_policy.STEP_EWMA
+            per_round = (time.perf_counter() - t0) / max(lengths)
+            self.round_seconds = per_round if not self.round_seconds else (
+                (1 - w) * self.round_seconds + w * per_round
+            )
+        drafts = [
+            (req, found[req.request_id][:n])
+            for req, n in zip(decoding, lengths, strict=True)
+            if n > 0 and found.get(req.request_id)
+        ]
         needs = [
             (r.num_computed_tokens, len(bm.block_ids(r.request_id)), len(d)) for r, d in drafts
         ]
         kept = spec_policy.fit_drafts_to_blocks(needs, bm.num_free_blocks, bm.block_size)
         for (req, draft), n in zip(drafts, kept, strict=True):
             req.spec_token_ids = draft[:n]
-        return True
 
-    def observe_step(self, out: SchedulerOutput, num_tokens: int, seconds: float) -> None:
-        """A decode-only step's output tokens and time, for the batch-level rule."""
+    def _budget(self, req: Request) -> int:
+        """Drafts this request may verify next step (none under a grammar: its mask is
+        per position, computed one token at a time)."""
+        if getattr(req.sampling_params, "structured", None) is not None:
+            return 0
+        return spec_policy.draft_budget(
+            self.k, req.num_output_tokens, req.max_tokens, req.num_tokens, self.max_model_len
+        )
+
+    def _plan(self, decoding: list[Request], budgets: list[int]) -> list[int]:
+        """The draft lengths with the most expected tokens per second (spec_policy); a
+        request that could draft but gets none relaxes toward the engine's acceptance."""
+        tracks = [self._acceptance(req.request_id) for req in decoding]
+        gains = [t.gains(n) for t, n in zip(tracks, budgets, strict=True)]
+        round_s = 0.0 if self.lookup_first else self.round_seconds
+        lengths = spec_policy.plan_drafts(
+            gains, self.step_times.estimator(self.step_index), round_s
+        )
+        for track, n, got in zip(tracks, budgets, lengths, strict=True):
+            if n and not got:
+                track.relax_toward(self.engine_acceptance, spec_policy.RELAX)
+        return lengths
+
+    def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """A decode-only step's seconds by the rows it verified, for the plan's cost side."""
         if out.num_prompt_tokens or not out.scheduled:
             return
         if any(len(s.token_ids) != 1 for s in out.scheduled):
             return
-        # the step's time held the drafting for the next step, not its own (a draft
-        # model's forward passes): charge each step the drafting that fed it
-        (speculated, fed_it), (_, for_next) = self._fed
-        seconds += fed_it - for_next
-        # a step is "with drafts" when the rule had speculation on for it, whether or not
-        # lookups found any: a failed lookup's cost is the price of speculating
-        self.rates.observe(len(out.scheduled), speculated, num_tokens, seconds)
-
-    def _batch_pays(self, decoding: list[Request]) -> bool:
-        limit = self.config.disable_by_batch_size
-        measured = self.rates.decide(len(decoding)) if limit is None else None
-        if limit is not None:
-            pays = len(decoding) < limit
-        elif measured is not None:
-            pays = measured
-        elif self.predict is None:
-            pays = True
-        else:
-            plain = [(1, r.num_computed_tokens) for r in decoding]
-            spec = [(1 + self.k, r.num_computed_tokens) for r in decoding]
-            pays = spec_policy.speculation_pays(
-                self.predict(plain), self.predict(spec), self.mean_accepted
-            )
-        if not pays and measured is None and self.step_index % PROBE_EVERY_STEPS == 0:
-            pays = True  # re-measure acceptance now and then, or a low mean would stick
-        if not pays:
-            self.stats.batch_off_steps += 1
-        return pays
+        rows = sum(1 + len(s.spec_token_ids) for s in out.scheduled)
+        # the step's time holds the drafting for the next step, not its own
+        self.step_times.observe(rows, seconds - self._drafting_s, self.step_index)
 
     def after_step(
         self,
@@ -208,8 +213,8 @@ class Speculator:
         """The engine's one hook: count this step's verifications, draft for the next."""
         self.observe(out, tokens)
         t0 = time.perf_counter()
-        speculating = self.propose(running, bm)
-        self._fed = (self._fed[1], (speculating, time.perf_counter() - t0))
+        self.propose(running, bm)
+        self._drafting_s = time.perf_counter() - t0
 
     def forget(self, request_id: str) -> None:
         self.acceptance.pop(request_id, None)
@@ -218,13 +223,12 @@ class Speculator:
 def make_speculator(
     config: EngineConfig,
     max_model_len: int,
-    cost_model: object | None,
     target: object | None = None,
     num_blocks: int = 0,
 ) -> Speculator | None:
-    """The engine's speculator for --speculative-config (None without the flag). The
-    batch-level rule predicts step times with the engine's step-cost model. `target`: the
-    engine's model (a draft_model / layer_skip draft runs beside it on `num_blocks` blocks)."""
+    """The engine's speculator for --speculative-config (None without the flag). `target`:
+    the engine's model (a draft_model / layer_skip draft runs beside it on `num_blocks`
+    blocks)."""
     spec = parse_speculative_config(config.speculative_config)
     if spec is None:
         return None
@@ -235,11 +239,4 @@ def make_speculator(
         if target is None:
             raise ConfigError(f"--speculative-config method {spec.method!r} needs the target model")
         proposer = make_draft_proposer(spec, config, target, num_blocks, max_model_len)
-    predict = None
-    if cost_model is not None:
-        from llmservice.server.engine.cost_model import StepShape
-
-        def predict(requests: list[tuple[int, int]]) -> float:
-            return cost_model.predict(StepShape.of(requests))
-
-    return Speculator(spec, max_model_len, predict, proposer)
+    return Speculator(spec, max_model_len, proposer)

@@ -1,100 +1,141 @@
-"""When to speculate: pure decisions, unit-tested without a model.
+"""How many tokens each request drafts: pure decisions, unit-tested without a model.
 
-- Per request: a recent acceptance rate (EWMA over its verified drafts) below
-  `MIN_ACCEPTANCE` turns its drafts off; it is probed again after a back-off that doubles
-  each time the probe fails, so a request whose text starts quoting (code, edits) gets
-  speculation back.
-- Per batch: drafting k tokens for each of B decodes makes the step verify B(k+1)
-  tokens. On a memory-bound step that costs little more than the plain step; once the
-  batch is large enough to be compute-bound it costs nearly k+1 times as much, and
-  speculation must turn off. The rule (`BatchRates`) measures it: the output tokens per
-  second of decode-only steps at each batch size, with drafts and without, and
-  speculates at a batch size while its rate with drafts is at least the rate without.
-  A batch size measured one way only is tried the other way next; the losing way is
-  tried again now and then, since acceptance and context lengths drift. Before any
-  measurement, the engine's linear step-cost model predicts (`speculation_pays`): its
-  verify time is a guess (a linear model has no memory-bound regime), so the
-  measurement decides from the first steps on.
-- Under memory pressure drafts are cut to the free blocks before anything is preempted.
+One rule covers the issue's two switches (a request with low acceptance stops drafting;
+a batch large enough to be compute-bound stops speculating), the way SmartSpec frames
+it: choose the draft lengths that maximize the step's expected output tokens per second.
+
+- Benefit: each request keeps its acceptance by position, P(draft i accepted | drafts
+  before it accepted), an EWMA over its own verifications, started from the engine-wide
+  one. Its i-th draft is worth the product of the first i: the chance it is reached and
+  accepted.
+- Cost: `StepTimes` keeps the measured seconds of decode-only steps by the rows they
+  verified (decodes + drafts). On a memory-bound step extra rows cost little; on a
+  compute-bound one nearly their share, and the plan then drafts nothing. No constant:
+  the table is this machine's, this model's, measured as it serves.
+- The plan (`plan_drafts`) adds drafts best-first and keeps the count with the most
+  expected tokens per second (drafting seconds included for a draft model), and drafts
+  at all only when that beats plain decoding by `MIN_GAIN`.
+
+A request whose drafts stop paying drafts nothing, and its estimate relaxes each step
+toward the engine-wide one, so it is probed again later (text that starts quoting gets
+speculation back). Unmeasured row counts are explored: above the largest measured, a
+step is assumed to cost what the largest did (so more drafts get tried once); below the
+smallest, proportionally less (so plain steps get tried once). Measurements older than
+`STALE_STEPS` are dropped, so a slow outlier does not keep a row count avoided for good.
+Under memory pressure drafts are cut to the free blocks before anything is preempted.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MIN_ACCEPTANCE = 0.2  # accepted / drafted below this: the request drafts nothing for a while
-EWMA_WEIGHT = 0.3  # of the newest verification
-MIN_VERIFIED = 2  # drafts verified before the rate may turn a request off
-FIRST_BACKOFF_STEPS = 8
-MAX_BACKOFF_STEPS = 256
+PRIOR_ACCEPTANCE = 0.7  # P(accept | reached) at each position before any verification
+REQUEST_EWMA = 0.3  # weight of a request's newest verification in its own estimate
+ENGINE_EWMA = 0.05  # ... in the engine-wide estimate new requests start from
+RELAX = 0.05  # per step without drafts: how far a request's estimate moves back to the engine's
+STEP_EWMA = 0.3  # weight of the newest decode-only step at a row count
+STALE_STEPS = 256  # a row count not measured for this many steps is forgotten
+MIN_GAIN = 1.02  # drafting must promise this much more tokens/s than a plain step
 
 
 @dataclass
-class RequestAcceptance:
-    rate: float = 1.0  # EWMA of accepted / drafted
-    verified: int = 0
-    off_until_step: int = 0
-    backoff: int = FIRST_BACKOFF_STEPS
+class AcceptanceByPosition:
+    """P(draft i accepted | drafts 0..i-1 accepted), one EWMA per position."""
 
-    def enabled(self, step: int) -> bool:
-        return step >= self.off_until_step
+    p: list[float]
 
-    def observe(self, drafted: int, accepted: int, step: int) -> None:
-        if drafted <= 0:
-            return
-        was_probe = self.verified >= MIN_VERIFIED and self.rate < MIN_ACCEPTANCE
-        self.rate = (1 - EWMA_WEIGHT) * self.rate + EWMA_WEIGHT * (accepted / drafted)
-        if was_probe:  # a probe after a back-off: judged on itself alone
-            self.rate = accepted / drafted
-        self.verified += 1
-        if self.verified >= MIN_VERIFIED and self.rate < MIN_ACCEPTANCE:
-            self.off_until_step = step + self.backoff
-            self.backoff = min(self.backoff * 2, MAX_BACKOFF_STEPS)
-        elif self.rate >= MIN_ACCEPTANCE:
-            self.backoff = FIRST_BACKOFF_STEPS
+    @classmethod
+    def prior(cls, k: int) -> AcceptanceByPosition:
+        return cls([PRIOR_ACCEPTANCE] * k)
 
+    def observe(self, drafted: int, accepted: int, weight: float) -> None:
+        """Positions up to the first rejection were reached; the rest say nothing."""
+        for i in range(min(accepted + 1, drafted, len(self.p))):
+            hit = 1.0 if i < accepted else 0.0
+            self.p[i] = (1 - weight) * self.p[i] + weight * hit
 
-def speculation_pays(plain_step_s: float, spec_step_s: float, mean_accepted: float) -> bool:
-    """A speculating step yields 1 + mean_accepted tokens per request for spec_step_s;
-    a plain step 1 token for plain_step_s."""
-    if plain_step_s <= 0:
-        return True
-    return spec_step_s / plain_step_s < 1.0 + mean_accepted
+    def relax_toward(self, other: AcceptanceByPosition, rate: float) -> None:
+        self.p = [a + rate * (b - a) for a, b in zip(self.p, other.p, strict=True)]
 
-
-RATE_EWMA_WEIGHT = 0.3  # of the newest decode-only step at a batch size
-RETRY_LOSER_EVERY = 32  # measurements at a batch size between two tries of the losing way
+    def gains(self, n: int) -> list[float]:
+        """Expected tokens the 1st..n-th draft each add: P(reached and accepted)."""
+        out, reach = [], 1.0
+        for q in self.p[:n]:
+            reach *= q
+            out.append(reach)
+        return out
 
 
 @dataclass
-class BatchRates:
-    """Output tokens per second of decode-only steps by batch size, with and without drafts
-    (EWMAs), and the decision they imply."""
+class StepTimes:
+    """Seconds of decode-only steps by rows verified (EWMA per row count), with when each
+    was last measured (a step index)."""
 
-    plain: dict[int, float] = field(default_factory=dict)
-    spec: dict[int, float] = field(default_factory=dict)
-    seen: dict[int, int] = field(default_factory=dict)  # measurements at each batch size
+    seconds: dict[int, float] = field(default_factory=dict)
+    measured_at: dict[int, int] = field(default_factory=dict)
 
-    def observe(self, batch: int, speculated: bool, tokens: int, seconds: float) -> None:
-        if batch <= 0 or seconds <= 0:
+    def observe(self, rows: int, seconds: float, step: int) -> None:
+        if rows <= 0 or seconds <= 0:
             return
-        rates = self.spec if speculated else self.plain
-        rate = tokens / seconds
-        old = rates.get(batch)
-        rates[batch] = rate if old is None else (1 - RATE_EWMA_WEIGHT) * old + RATE_EWMA_WEIGHT * rate
-        self.seen[batch] = self.seen.get(batch, 0) + 1
+        old = self.seconds.get(rows)
+        fresh = old is None or step - self.measured_at[rows] > STALE_STEPS
+        self.seconds[rows] = seconds if fresh else (1 - STEP_EWMA) * old + STEP_EWMA * seconds
+        self.measured_at[rows] = step
 
-    def decide(self, batch: int) -> bool | None:
-        """Speculate at this batch size? None: measured neither way (the caller predicts)."""
-        spec, plain = self.spec.get(batch), self.plain.get(batch)
-        if spec is None and plain is None:
+    def estimator(self, step: int) -> Callable[[int], float] | None:
+        """rows -> seconds from the measurements still fresh at `step`; None if there are none."""
+        keys = sorted(r for r, at in self.measured_at.items() if step - at <= STALE_STEPS)
+        if not keys:
             return None
-        if spec is None or plain is None:
-            return spec is None  # try the way not yet measured
-        wins = spec >= plain
-        if self.seen.get(batch, 0) % RETRY_LOSER_EVERY == 0:
-            return not wins  # now and then the other way, so a stale loss does not stick
-        return wins
+        values = [self.seconds[r] for r in keys]
+
+        def estimate(rows: int) -> float:
+            if rows <= keys[0]:
+                return values[0] * rows / keys[0]  # fewer rows than measured: try them
+            if rows >= keys[-1]:
+                return values[-1]  # more rows than measured: try them
+            i = bisect.bisect_left(keys, rows)
+            if keys[i] == rows:
+                return values[i]
+            lo, hi = keys[i - 1], keys[i]
+            return values[i - 1] + (values[i] - values[i - 1]) * (rows - lo) / (hi - lo)
+
+        return estimate
+
+
+def plan_drafts(
+    gains: list[list[float]],
+    step_seconds: Callable[[int], float] | None,
+    round_seconds: float = 0.0,
+) -> list[int]:
+    """Draft lengths for a decode batch: gains[r] are request r's expected tokens from its
+    1st, 2nd... draft (non-increasing; its length is the most r may draft). A step of R
+    rows takes step_seconds(R), plus round_seconds per draft position when a draft model
+    drafts. Drafts are added best-first; the count with the most expected tokens per
+    second wins, and drafting must beat the plain step by MIN_GAIN. No measurement yet
+    (step_seconds None): draft all (the first steps measure)."""
+    lengths = [0] * len(gains)
+    if step_seconds is None:
+        return [len(g) for g in gains]
+    batch = len(gains)
+    order = sorted(
+        ((g, r) for r, gs in enumerate(gains) for g in gs if g > 0), key=lambda x: -x[0]
+    )
+    best_rate = batch / step_seconds(batch) * MIN_GAIN
+    best_count = 0
+    tokens, deepest, taken = float(batch), 0, [0] * batch
+    for count, (g, r) in enumerate(order, start=1):
+        tokens += g
+        taken[r] += 1
+        deepest = max(deepest, taken[r])
+        rate = tokens / (step_seconds(batch + count) + round_seconds * deepest)
+        if rate > best_rate:
+            best_rate, best_count = rate, count
+    for _, r in order[:best_count]:
+        lengths[r] += 1
+    return lengths
 
 
 def draft_budget(

@@ -19,9 +19,12 @@ from .test_spec_equivalence import CASES as SPEC_CASES
 from .test_spec_equivalence import FAST, plain_outputs, workload
 
 K = 3
-LAYER_SKIP = json.dumps({"method": "layer_skip", "num_layers": 6, "num_speculative_tokens": K})
+# disable_by_batch_size: vLLM's fixed rule, so every step drafts and is verified (the
+# measured plan would draft little with a self-draft as slow as the target)
+ALWAYS = {"disable_by_batch_size": 4096}
+LAYER_SKIP = json.dumps({"method": "layer_skip", "num_layers": 6, "num_speculative_tokens": K, **ALWAYS})
 SELF_DRAFT = json.dumps(
-    {"method": "draft_model", "model": "builtin:smollm2-135m", "num_speculative_tokens": K}
+    {"method": "draft_model", "model": "builtin:smollm2-135m", "num_speculative_tokens": K, **ALWAYS}
 )
 CASES = {
     **FAST,

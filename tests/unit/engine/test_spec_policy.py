@@ -4,106 +4,146 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from llmservice.server.engine import spec_policy
 from llmservice.server.engine.core import engine_stats
+from llmservice.server.engine.request import Request
 from llmservice.server.engine.sampling_params import SamplingParams
-from llmservice.server.engine.spec_policy import RequestAcceptance
+from llmservice.server.engine.spec_config import parse_speculative_config
+from llmservice.server.engine.spec_decode import Speculator
+from llmservice.server.engine.spec_policy import AcceptanceByPosition, StepTimes
+from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
 from llmservice.server.metrics import CacheInfo, ServerMetrics
 
 
-def test_low_acceptance_turns_a_request_off_then_probes_with_growing_backoff():
-    track = RequestAcceptance()
-    for step in range(1, 6):
-        track.observe(drafted=4, accepted=0, step=step)
-        if not track.enabled(step + 1):
-            break
-    off_at = step
-    assert not track.enabled(off_at + 1) and track.enabled(off_at + spec_policy.FIRST_BACKOFF_STEPS)
-    probe = off_at + spec_policy.FIRST_BACKOFF_STEPS
-    track.observe(drafted=4, accepted=0, step=probe)  # the probe fails: twice as long off
-    assert not track.enabled(probe + 2 * spec_policy.FIRST_BACKOFF_STEPS - 1)
-    assert track.enabled(probe + 2 * spec_policy.FIRST_BACKOFF_STEPS)
-    track.observe(drafted=4, accepted=4, step=probe + 16)  # a good probe: on, back-off reset
-    assert track.enabled(probe + 17) and track.backoff == spec_policy.FIRST_BACKOFF_STEPS
+def test_acceptance_counts_only_the_positions_a_verification_reached():
+    track = AcceptanceByPosition([0.5, 0.5, 0.5, 0.5])
+    track.observe(drafted=4, accepted=1, weight=0.5)  # 1st accepted, 2nd rejected, 3rd-4th unseen
+    assert track.p == [0.75, 0.25, 0.5, 0.5]
+    track.observe(drafted=2, accepted=2, weight=0.5)  # both accepted; nothing past the draft
+    assert track.p == [0.875, 0.625, 0.5, 0.5]
+    assert track.gains(3) == [0.875, 0.875 * 0.625, 0.875 * 0.625 * 0.5]
 
 
-def test_good_acceptance_stays_on():
-    track = RequestAcceptance()
-    for step in range(50):
-        track.observe(drafted=4, accepted=2, step=step)
-        assert track.enabled(step + 1)
+def test_step_times_interpolate_and_explore_the_unmeasured_row_counts():
+    times = StepTimes()
+    assert times.estimator(step=0) is None  # nothing measured: the plan drafts to measure
+    times.observe(rows=8, seconds=0.040, step=1)
+    times.observe(rows=40, seconds=0.200, step=2)
+    est = times.estimator(step=2)
+    assert est(8) == 0.040 and est(24) == pytest.approx(0.120)
+    assert est(4) == pytest.approx(0.020)  # fewer rows than measured: proportionally less
+    assert est(60) == 0.200  # more than measured: as much as the largest (tried once)
+    times.observe(rows=8, seconds=0.080, step=3)  # an EWMA, not the last sample
+    assert times.estimator(step=3)(8) == pytest.approx(0.7 * 0.040 + 0.3 * 0.080)
+    # a row count not measured for STALE_STEPS steps is forgotten
+    later = times.estimator(step=2 + spec_policy.STALE_STEPS + 1)
+    assert later(40) == times.seconds[8]  # 40 rows unmeasured again: tried once more
 
 
-def test_speculation_pays_while_the_verify_step_costs_less_than_the_tokens_it_brings():
-    assert spec_policy.speculation_pays(plain_step_s=0.010, spec_step_s=0.013, mean_accepted=1.0)
-    # compute-bound: 5x the tokens cost ~5x the time, and 2 accepted do not pay for it
-    assert not spec_policy.speculation_pays(
-        plain_step_s=0.100, spec_step_s=0.480, mean_accepted=2.0
-    )
+def test_plan_drafts_everything_while_steps_are_memory_bound():
+    # 5 rows cost what 1 row does: every draft with any chance is worth it
+    lengths = spec_policy.plan_drafts([[0.9, 0.8, 0.6, 0.3]], lambda rows: 0.010)
+    assert lengths == [4]
 
 
-def test_batch_rates_speculate_where_drafts_bring_more_tokens_per_second():
-    rates = spec_policy.BatchRates()
-    assert rates.decide(8) is None  # nothing measured: the caller predicts
-    rates.observe(8, speculated=False, tokens=8, seconds=0.10)  # 80 tok/s plain
-    assert rates.decide(8) is True  # measured plain only: try drafts next
-    rates.observe(8, speculated=True, tokens=24, seconds=0.40)  # 60 tok/s: compute-bound
-    assert rates.decide(8) is False
-    assert rates.decide(1) is None  # each batch size on its own
-    rates.observe(1, speculated=True, tokens=3, seconds=0.03)
-    assert rates.decide(1) is False  # measured with drafts only: try without next
-    rates.observe(1, speculated=False, tokens=1, seconds=0.02)  # 100 vs 50 tok/s
-    assert rates.decide(1) is True
+def test_plan_drafts_nothing_when_rows_cost_their_share():
+    # compute-bound: each row costs as much as a plain decode's; no draft brings a whole token
+    lengths = spec_policy.plan_drafts([[0.9, 0.8, 0.7, 0.6]] * 8, lambda rows: 0.005 * rows)
+    assert lengths == [0] * 8
 
 
-def test_batch_rates_try_the_losing_way_again_now_and_then():
-    """Acceptance drifts (a request starts quoting): a loss measured once must not stick."""
-    rates = spec_policy.BatchRates()
-    decisions = []
-    for _ in range(3 * spec_policy.RETRY_LOSER_EVERY):
-        speculate = rates.decide(4)
-        decisions.append(speculate)
-        # drafts lose at this size: 4 tokens x 1.5 accepted cost 3x the plain step
-        tokens, seconds = (6, 0.03) if speculate else (4, 0.01)
-        rates.observe(4, speculated=bool(speculate), tokens=tokens, seconds=seconds)
-    tries = sum(1 for d in decisions[2:] if d)
-    assert decisions[:2] == [None, True] and 2 <= tries <= 4, decisions
+def test_plan_gives_drafts_to_the_requests_whose_drafts_get_accepted():
+    # a step costs 10 ms plus 1 ms a row: cheap rows, but not free
+    gains = [[0.95, 0.9, 0.85, 0.8], [0.05, 0.01, 0.0, 0.0], [0.9, 0.6, 0.02, 0.0]]
+    lengths = spec_policy.plan_drafts(gains, lambda rows: 0.010 + 0.001 * rows)
+    assert lengths == [4, 0, 2]
 
 
-def test_the_speculator_turns_off_at_a_batch_size_measured_to_lose():
-    """Decode-only steps fed to the speculator: at batch 8 the steps with drafts gave fewer
-    tokens per second, so it drafts nothing there; at batch 1 they gave more."""
-    from types import SimpleNamespace
+def test_a_draft_models_passes_shorten_the_drafts():
+    gains = [[0.9, 0.8, 0.6, 0.4]]
+    free = spec_policy.plan_drafts(gains, lambda rows: 0.010, round_seconds=0.0)
+    costly = spec_policy.plan_drafts(gains, lambda rows: 0.010, round_seconds=0.004)
+    assert free == [4] and 0 < costly[0] < 4
 
-    from llmservice.server.engine.spec_config import parse_speculative_config
-    from llmservice.server.engine.spec_decode import Speculator
-    from llmservice.server.engine.step import ScheduledRequest, SchedulerOutput
 
-    spec = Speculator(
-        parse_speculative_config(json.dumps({"method": "ngram", "num_speculative_tokens": 4})), 1024
-    )
+def test_plan_needs_a_clear_gain_to_draft_at_all():
+    # 1 row 10 ms, 2 rows 10.9 ms; a draft accepted 1 time in 10 promises 1 %: not enough
+    times = lambda rows: 0.010 if rows == 1 else 0.0109  # noqa: E731
+    assert spec_policy.plan_drafts([[0.1]], times) == [0]
+    assert spec_policy.plan_drafts([[0.5]], times) == [1]
 
-    def step(batch: int, drafts: int) -> SchedulerOutput:
-        return SchedulerOutput(scheduled=[
-            ScheduledRequest(f"r{i}", [7], 10, 0, [], True, spec_token_ids=[5] * drafts)
-            for i in range(batch)
-        ])  # fmt: skip
 
-    def observe(out: SchedulerOutput, num_tokens: int, seconds: float, on: bool) -> None:
-        spec._fed = ((on, 0.0), (False, 0.0))  # the rule's choice for this step (after_step keeps it)
-        spec.observe_step(out, num_tokens=num_tokens, seconds=seconds)
+def _speculator(k: int = 4) -> Speculator:
+    config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1}
+    return Speculator(parse_speculative_config(json.dumps(config)), 1024)
 
-    observe(step(8, 0), 8, 0.10, on=False)
-    observe(step(8, 4), 24, 0.40, on=True)
-    observe(step(1, 0), 1, 0.02, on=False)
-    observe(step(1, 0), 1, 0.03, on=True)  # speculating, yet no lookup found a draft
-    observe(step(1, 4), 5, 0.03, on=True)
-    mixed = step(8, 0)
+
+class _Pool:
+    num_free_blocks, block_size = 1000, 16
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [0]
+
+
+def _decoding(rid: str, tokens: list[int]) -> Request:
+    req = Request(rid, list(tokens), SamplingParams(temperature=0, max_tokens=100), max_tokens=100)
+    req.num_computed_tokens = len(tokens) - 1
+    return req
+
+
+def _step(requests: list[Request]) -> SchedulerOutput:
+    return SchedulerOutput(scheduled=[
+        ScheduledRequest(r.request_id, [7], 10, 0, [], True, spec_token_ids=list(r.spec_token_ids))
+        for r in requests
+    ])  # fmt: skip
+
+
+def test_the_speculator_stops_drafting_where_measured_steps_say_rows_cost_their_share():
+    """Decode-only steps fed to the speculator: at 8 requests each row costs its share
+    (compute-bound), so it drafts nothing there; at 1, five rows cost what one does."""
+    spec = _speculator()
+    repeat = [5, 6, 7, 8] * 10  # every lookup finds a draft
+    batch = [_decoding(f"r{i}", repeat) for i in range(8)]
+    spec.propose(batch, _Pool())
+    assert all(len(r.spec_token_ids) == 4 for r in batch)  # nothing measured: draft, measure
+    spec.observe_step(_step(batch), seconds=0.200)  # 40 rows
+    spec.propose(batch, _Pool())  # fewer rows are explored: the plain step
+    assert all(not r.spec_token_ids for r in batch)
+    spec.observe_step(_step(batch), seconds=0.040)  # 8 rows: 5 ms a row either way
+    for _ in range(3):
+        spec.propose(batch, _Pool())
+        assert all(not r.spec_token_ids for r in batch)
+    assert spec.stats.batch_off_steps == 4
+    mixed = _step(batch)
     mixed.num_prompt_tokens = 64  # a step with prefill is no measure of decoding: ignored
-    spec.observe_step(mixed, num_tokens=1, seconds=9.0)
-    requests = [SimpleNamespace(num_computed_tokens=10) for _ in range(8)]
-    assert spec._batch_pays(requests) is False and spec.stats.batch_off_steps == 1
-    assert spec._batch_pays(requests[:1]) is True
+    spec.observe_step(mixed, seconds=9.0)
+    one = [_decoding("solo", repeat)]
+    spec.observe_step(_step(one), seconds=0.040)  # 1 row as slow as 8 and 40: memory-bound
+    spec.propose(one, _Pool())
+    assert one[0].spec_token_ids == [5, 6, 7, 8]
+    assert spec.step_times.seconds[8] == 0.040  # the mixed step left no trace
+
+
+def test_a_request_whose_drafts_are_rejected_stops_drafting_and_is_probed_later():
+    spec = _speculator()
+    repeat = [5, 6, 7, 8] * 10
+    good, bad = _decoding("good", repeat), _decoding("bad", repeat)
+    spec.step_times.observe(2, 0.010, 0)  # a step costs 10 ms plus 1 ms a draft
+    spec.step_times.observe(10, 0.018, 0)
+    drafted_good, drafted_bad = [], []
+    for _ in range(60):
+        spec.propose([good, bad], _Pool())
+        drafted_good.append(len(good.spec_token_ids))
+        drafted_bad.append(len(bad.spec_token_ids))
+        tokens = {"good": [0] * (1 + len(good.spec_token_ids)), "bad": [0]}  # bad: none accepted
+        spec.observe(_step([good, bad]), tokens)
+    assert all(n == 4 for n in drafted_good[5:])  # all accepted: the full draft pays
+    assert drafted_bad[0] > 0  # a new request starts from the engine's estimate
+    off = drafted_bad.index(0)
+    assert off <= 4 and drafted_bad[off : off + 5] == [0] * 5
+    probes = [n for n in drafted_bad[off:] if n]  # relaxed toward the engine's acceptance
+    assert 2 <= len(probes) <= len(drafted_bad[off:]) // 4 and max(probes) == 1
 
 
 def test_draft_budget_never_drafts_past_max_tokens_or_the_context():

@@ -20,7 +20,7 @@ import pytest
 import torch
 from llmservice.server.engine.sampling_params import SamplingParams
 
-# disable_by_batch_size above max_num_seqs: every step drafts (the measured batch rule
+# disable_by_batch_size above max_num_seqs: every step drafts (the measured plan
 # would turn batches of 128 off), so the whole sample is judged through verification
 NGRAM = json.dumps(
     {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
