@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +138,13 @@ class GrammarStates:
         """False while the request's grammar compiles (the scheduler skips it)."""
         state = self._states.get(request_id)
         return state is None or state.future.done()
+
+    def wait_for_compiles(self, timeout_s: float) -> None:
+        """Block up to timeout_s for any pending compile to finish (nothing pending: return).
+        The engine calls it after an empty step, so its loop sleeps instead of spinning."""
+        pending = [s.future for s in self._states.values() if not s.future.done()]
+        if pending:
+            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def failed(self) -> list[tuple[str, str]]:
         """Requests whose grammar did not compile, with the reason (each reported once)."""

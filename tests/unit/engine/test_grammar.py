@@ -9,6 +9,7 @@ import threading
 import jsonschema
 import pytest
 import torch
+from llmservice.server.engine.engine import GRAMMAR_WAIT_S
 from llmservice.server.engine.grammar import GrammarStates
 from llmservice.server.engine.grammar_spec import StructuredSpec
 from llmservice.server.engine.request import RequestStatus
@@ -147,6 +148,35 @@ def test_request_whose_grammar_compiles_waits_without_blocking_others(engine):
     finally:
         compiler._compile = original
         gate.set()
+
+
+def test_an_empty_step_waits_for_the_compile_instead_of_spinning(engine):
+    """With nothing else to run, the step loop sleeps on the pending compile (releasing the
+    GIL): a loop spinning on "not ready" starved the compile thread, and a fresh server's
+    first structured request took 140 s on 2 cores. The compile here takes 0.3 s: a
+    spinning loop stepped 3.4 million times in it; a waiting one at most 0.3 s / 5 ms."""
+    compiler = engine.grammars.compiler
+    original = compiler._compile
+
+    def slow(spec):
+        threading.Event().wait(0.3)
+        return original(spec)
+
+    compiler._compile = slow
+    try:
+        spec = StructuredSpec("json_schema", json.dumps({**PERSON, "title": "slow2"}))
+        held = engine.add_request(
+            "A person:", SamplingParams(temperature=0, max_tokens=4, structured=spec)
+        )
+        empty_steps = 0
+        while held.num_output_tokens == 0:
+            engine.step()
+            empty_steps += held.num_output_tokens == 0
+        assert empty_steps <= 0.3 / GRAMMAR_WAIT_S + 10, empty_steps
+        while not held.is_finished:
+            engine.step()
+    finally:
+        compiler._compile = original
 
 
 def test_strided_logits_are_masked_too():
