@@ -85,7 +85,8 @@ def test_stop_rules_hold_when_a_step_brings_two_tokens(make_engine, engine):
     same outputs: a stop string, a stop token or max_tokens met at the first of the two
     truncates there."""
     base = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    reference = make_engine().generate(PROMPTS, base)
+    plain = make_engine()  # one engine for every expected output, one scripted for every case
+    reference = plain.generate(PROMPTS, base)
     answers = {i: o.token_ids for i, o in enumerate(reference)}
     cases = [
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
@@ -94,11 +95,12 @@ def test_stop_rules_hold_when_a_step_brings_two_tokens(make_engine, engine):
     ]
     cases.append(SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
                                 stop=[_stop_completed_at_even_token(engine.tokenizer, answers[2])]))
+    eng = make_engine()
+    script: dict[str, list[int]] = {}
+    eng.runner.execute = _two_at_a_time(eng.runner.execute, script)
     for params in cases:
-        expected = make_engine().generate(PROMPTS, params)
-        eng = make_engine()
-        script: dict[str, list[int]] = {}
-        eng.runner.execute = _two_at_a_time(eng.runner.execute, script)
+        expected = plain.generate(PROMPTS, params)
+        script.clear()
         ids = []
         for i, prompt in enumerate(PROMPTS):
             req = eng.add_request(prompt, params)
