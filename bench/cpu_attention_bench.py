@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import subprocess
-import tempfile
-from pathlib import Path
 
 import common
 import torch
-from cpu_quant_bench import ROOT, time_interleaved
-from llmservice.kernels import cpu_attention, cpu_native
+from cpu_quant_bench import library_at, time_interleaved
+from llmservice.kernels import cpu_attention
 
 HQ, HKV, D, BLOCK = 9, 3, 64, 16
 CASES = [  # (rows, context of the last row, what it is)
@@ -35,11 +32,7 @@ CASES = [  # (rows, context of the last row, what it is)
 
 def old_attention(rev: str):
     """qa_decode compiled from kernels/cpu_attention.c at `rev` (same compiler and flags)."""
-    src = subprocess.run(["git", "show", f"{rev}:kernels/cpu_attention.c"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    path = Path(tempfile.mkdtemp()) / "cpu_attention_old.c"
-    path.write_text(src)
-    lib = ctypes.CDLL(str(cpu_native.build(path)))
+    lib = library_at(rev, "cpu_attention")
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.qa_decode.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, p, i32]
     lib.qa_decode.restype = i32

@@ -63,18 +63,23 @@ def random_blocks(kind: int, rows: int, cols: int, seed: int) -> torch.Tensor:
     return raw.view(rows, nb * bb).contiguous()
 
 
-def old_kernel(rev: str) -> Callable[[torch.Tensor, Packed], torch.Tensor]:
-    """qk_matmul compiled from kernels/cpu_quant.c at `rev` (same compiler and flags)."""
+def library_at(rev: str, name: str) -> ctypes.CDLL:
+    """kernels/<name>.c as it was at `rev`, compiled with today's compiler and flags."""
     src = subprocess.run(
-        ["git", "show", f"{rev}:kernels/cpu_quant.c"],
+        ["git", "show", f"{rev}:kernels/{name}.c"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "cpu_quant_old.c"
+    path = Path(tempfile.mkdtemp()) / f"{name}_old.c"
     path.write_text(src)
-    lib = ctypes.CDLL(str(cpu_native.build(path)))
+    return ctypes.CDLL(str(cpu_native.build(path)))
+
+
+def old_kernel(rev: str) -> Callable[[torch.Tensor, Packed], torch.Tensor]:
+    """qk_matmul compiled from kernels/cpu_quant.c at `rev` (same compiler and flags)."""
+    lib = library_at(rev, "cpu_quant")
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.qk_matmul.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
     lib.qk_matmul.restype = None

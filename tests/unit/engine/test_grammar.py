@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import jsonschema
 import pytest
@@ -121,32 +123,41 @@ def test_engine_constrained_and_free_requests_share_a_batch(engine):
     assert len(engine.grammars) == 0  # finished requests release their matchers
 
 
-def test_request_whose_grammar_compiles_waits_without_blocking_others(engine):
-    gate = threading.Event()
+@contextmanager
+def _compiles_after(engine, wait: Callable[[], object]) -> Iterator[None]:
+    """The engine's grammar compiles first call `wait` (the real compile back afterwards)."""
     compiler = engine.grammars.compiler
     original = compiler._compile
 
     def slow(spec):
-        gate.wait(60)
+        wait()
         return original(spec)
 
     compiler._compile = slow
     try:
-        spec = StructuredSpec("json_schema", json.dumps({**PERSON, "title": "slow"}))
-        held = engine.add_request(
-            "A person:", SamplingParams(temperature=0, max_tokens=40, structured=spec)
-        )
-        free = engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=8))
-        while not free.is_finished:
-            engine.step()
-        assert held.status == RequestStatus.WAITING and held.num_output_tokens == 0
-        gate.set()
-        while not held.is_finished:
-            engine.step()
-        assert held.status == RequestStatus.FINISHED_STOPPED and held.num_output_tokens > 0
-        jsonschema.validate(json.loads(engine.tokenizer.decode(held.output_token_ids)), PERSON)
+        yield
     finally:
         compiler._compile = original
+
+
+def test_request_whose_grammar_compiles_waits_without_blocking_others(engine):
+    gate = threading.Event()
+    try:
+        with _compiles_after(engine, lambda: gate.wait(60)):
+            spec = StructuredSpec("json_schema", json.dumps({**PERSON, "title": "slow"}))
+            held = engine.add_request(
+                "A person:", SamplingParams(temperature=0, max_tokens=40, structured=spec)
+            )
+            free = engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=8))
+            while not free.is_finished:
+                engine.step()
+            assert held.status == RequestStatus.WAITING and held.num_output_tokens == 0
+            gate.set()
+            while not held.is_finished:
+                engine.step()
+            assert held.status == RequestStatus.FINISHED_STOPPED and held.num_output_tokens > 0
+            jsonschema.validate(json.loads(engine.tokenizer.decode(held.output_token_ids)), PERSON)
+    finally:
         gate.set()
 
 
@@ -155,15 +166,7 @@ def test_an_empty_step_waits_for_the_compile_instead_of_spinning(engine):
     GIL): a loop spinning on "not ready" starved the compile thread, and a fresh server's
     first structured request took 140 s on 2 cores. The compile here takes 0.3 s: a
     spinning loop stepped 3.4 million times in it; a waiting one at most 0.3 s / 5 ms."""
-    compiler = engine.grammars.compiler
-    original = compiler._compile
-
-    def slow(spec):
-        threading.Event().wait(0.3)
-        return original(spec)
-
-    compiler._compile = slow
-    try:
+    with _compiles_after(engine, lambda: threading.Event().wait(0.3)):
         spec = StructuredSpec("json_schema", json.dumps({**PERSON, "title": "slow2"}))
         held = engine.add_request(
             "A person:", SamplingParams(temperature=0, max_tokens=4, structured=spec)
@@ -175,8 +178,6 @@ def test_an_empty_step_waits_for_the_compile_instead_of_spinning(engine):
         assert empty_steps <= 0.3 / GRAMMAR_WAIT_S + 10, empty_steps
         while not held.is_finished:
             engine.step()
-    finally:
-        compiler._compile = original
 
 
 def test_strided_logits_are_masked_too():
