@@ -21,25 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* exp(x) for x <= 0 (scores less their max), Cephes' expf: range reduction by ln 2 and
- * a degree-7 polynomial, within 2 ulp of expf. Branch-free so `omp simd` vectorizes the
- * softmax (libm's expf is a scalar call per score: a quarter of the kernel's time). */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x; /* exp(-87) ~ 1.6e-38: a weight of nothing, still normal */
-    const float n = rintf(x * 1.44269504088896341f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+#include "cpu_math.h" /* exp_nonpositive */
 
 static __thread float *scratch = NULL;
 static __thread int64_t scratch_len = 0;

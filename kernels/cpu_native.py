@@ -27,6 +27,7 @@ import torch  # noqa: F401  (loads torch's libgomp.so.1 before our library asks 
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_quant.c")
+HEADERS = SOURCE.parent  # cpu_math.h, included by the sources (also by old revisions' in benches)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -78,15 +79,16 @@ def build(source: Path = SOURCE) -> Path:
         ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"{cc} --version failed: {e}") from e
+    headers = [h.read_text() for h in sorted(HEADERS.glob("*.h"))]  # what the sources include
     key = hashlib.sha256(
-        "\0".join([source.read_text(), version, " ".join(FLAGS), _cpu_flags()]).encode()
+        "\0".join([source.read_text(), *headers, version, " ".join(FLAGS), _cpu_flags()]).encode()
     ).hexdigest()
     out = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if out.exists():
         return out
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     proc = subprocess.run(
-        [cc, *FLAGS, str(source), "-o", str(tmp), "-lm"], capture_output=True, text=True
+        [cc, *FLAGS, f"-I{HEADERS}", str(source), "-o", str(tmp), "-lm"], capture_output=True, text=True
     )
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
