@@ -61,10 +61,10 @@ def rotary_embedding(
     t, hq, d = q.shape
     pos = positions.to(torch.int64).contiguous()
     cs = cos_sin_cache.contiguous()
-    if pos.numel() and int(pos.max()) >= cs.shape[0]:
-        raise IndexError(f"position {int(pos.max())} past the rotary cache ({cs.shape[0]})")
-    _lib().qo_rotary(pos.data_ptr(), q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1], t, d,
-                     cs.data_ptr(), torch.get_num_threads())  # fmt: skip
+    rc = _lib().qo_rotary(pos.data_ptr(), q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1], t,
+                          d, cs.data_ptr(), cs.shape[0], torch.get_num_threads())  # fmt: skip
+    if rc < 0:  # checked in C before writing: no per-layer max() and sync here
+        raise IndexError(f"position {int(pos[-1 - rc])} outside the rotary cache ({cs.shape[0]} positions)")
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -76,3 +76,29 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gu.data_ptr(), gu.numel() // (2 * n), n, out.data_ptr(), torch.get_num_threads()
     )
     return out
+
+
+def cache_fits(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """key/value [T, Hkv, D] with each token's row contiguous (views of QKV), fp32 pools."""
+    return (
+        supports(key, value, k_cache)
+        and k_cache.is_contiguous()
+        and all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (key, value))
+    )
+
+
+def cache_write(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """k_cache/v_cache [N, bs, Hkv, D] rows at `slots` = key/value [T, Hkv, D]: one C call
+    instead of two index_copy_ per layer."""
+    n, bs, hkv, d = k_cache.shape
+    if v_cache.shape != k_cache.shape or not v_cache.is_contiguous() or key.shape[1:] != (hkv, d):
+        raise ValueError(f"K/V rows {tuple(key.shape)} do not fit pools {tuple(k_cache.shape)}")
+    s = slots.to(torch.int64).contiguous()
+    rc = _lib().qo_cache_write(key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0),
+                               k_cache.data_ptr(), v_cache.data_ptr(), s.data_ptr(), key.shape[0], hkv * d,
+                               n * bs)  # fmt: skip
+    if rc < 0:
+        raise IndexError(f"slot {int(s[-1 - rc])} outside the KV pools ({n * bs} slots)")
+

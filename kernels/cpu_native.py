@@ -113,9 +113,12 @@ def _declare(lib: ctypes.CDLL, name: str) -> None:
     elif name == "cpu_ops":
         lib.qo_rms_norm.argtypes = [p, p, i64, i64, f32, p, i32]
         lib.qo_add_rms_norm.argtypes = [p, p, p, i64, i64, f32, p, i32]
-        lib.qo_rotary.argtypes = [p, p, i64, i64, p, i64, i64, i64, i64, p, i32]
+        lib.qo_rotary.argtypes = [p, p, i64, i64, p, i64, i64, i64, i64, p, i64, i32]
+        lib.qo_rotary.restype = i32
         lib.qo_silu_mul.argtypes = [p, i64, i64, p, i32]
-        for f in (lib.qo_rms_norm, lib.qo_add_rms_norm, lib.qo_rotary, lib.qo_silu_mul):
+        lib.qo_cache_write.argtypes = [p, i64, p, i64, p, p, p, i64, i64, i64]
+        lib.qo_cache_write.restype = i32
+        for f in (lib.qo_rms_norm, lib.qo_add_rms_norm, lib.qo_silu_mul):
             f.restype = None
     elif name == "cpu_attention":
         lib.qa_decode.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, p, i32]

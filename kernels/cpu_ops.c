@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu_math.h"
 
@@ -41,9 +42,11 @@ void qo_add_rms_norm(const float *x, float *residual, const float *w, int64_t ro
 /* Rotate-half rotary in place on q [T, Hq, D] and k [T, Hk, D], rows `q_stride` /
  * `k_stride` floats apart per token (views into the fused QKV output); cos_sin [P, D] =
  * cat(cos, sin) over the D/2 frequencies. */
-void qo_rotary(const int64_t *positions, float *q, int64_t q_stride, int64_t hq, float *k, int64_t k_stride, int64_t hk,
-               int64_t T, int64_t D, const float *cos_sin, int nthreads) {
+int qo_rotary(const int64_t *positions, float *q, int64_t q_stride, int64_t hq, float *k, int64_t k_stride, int64_t hk,
+              int64_t T, int64_t D, const float *cos_sin, int64_t P, int nthreads) {
     const int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++) /* a position past the cache: nothing written, -1 - t */
+        if (positions[t] < 0 || positions[t] >= P) return (int)(-1 - t);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (T > 16)
     for (int64_t t = 0; t < T; t++) {
         const float *c = cos_sin + positions[t] * D, *s = c + half;
@@ -57,6 +60,7 @@ void qo_rotary(const int64_t *positions, float *q, int64_t q_stride, int64_t hq,
             }
         }
     }
+    return 0;
 }
 
 /* out[r] = silu(gu[r, :n]) * gu[r, n:] for gate_up rows of 2n. */
@@ -73,4 +77,18 @@ void qo_silu_mul(const float *gu, int64_t rows, int64_t n, float *out, int nthre
             o[i] = g[i] * sig * u[i];
         }
     }
+}
+
+/* k_cache[slots[t]] = key[t], v_cache[slots[t]] = value[t]: T token rows of `row` floats
+ * (Hkv x D), key/value rows `key_stride` / `value_stride` floats apart (views into the fused
+ * QKV output). Returns -1 - t for the first slot outside [0, num_slots), before writing. */
+int qo_cache_write(const float *key, int64_t key_stride, const float *value, int64_t value_stride, float *k_cache,
+                   float *v_cache, const int64_t *slots, int64_t T, int64_t row, int64_t num_slots) {
+    for (int64_t t = 0; t < T; t++)
+        if (slots[t] < 0 || slots[t] >= num_slots) return (int)(-1 - t);
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(k_cache + slots[t] * row, key + t * key_stride, (size_t)row * sizeof(float));
+        memcpy(v_cache + slots[t] * row, value + t * value_stride, (size_t)row * sizeof(float));
+    }
+    return 0;
 }

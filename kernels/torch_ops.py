@@ -29,6 +29,9 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter new K/V rows [T, Hkv, D] into the paged pools [N, bs, Hkv, D]."""
+    if cpu_fused.cache_fits(key, value, k_cache):
+        cpu_fused.cache_write(key, value, k_cache, v_cache, slot_mapping)
+        return
     num_blocks, block_size, hkv, d = k_cache.shape
     k_cache.view(num_blocks * block_size, hkv, d).index_copy_(0, slot_mapping, key)
     v_cache.view(num_blocks * block_size, hkv, d).index_copy_(0, slot_mapping, value)
@@ -160,16 +163,17 @@ def paged_attention(
     nd = meta.num_decodes
     native = cpu_attention.supports(q, k_cache)
     if native and nd == meta.num_seqs:  # a decode-only step: no copy into a second output
-        return cpu_attention.paged_decode_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
-        )
+        rows = meta.derived.get("decode_only_rows")
+        if rows is None:  # once per step, for every layer
+            rows = meta.derived["decode_only_rows"] = cpu_attention.DecodeRows.of(
+                meta.block_tables, meta.seq_lens, nd
+            )
+        return cpu_attention.decode(q, k_cache, v_cache, rows, scale)
     out = torch.empty_like(q)
     short, rows = _decode_rows_plan(meta) if native else ([], None)
     if rows is not None:  # reads the pool in place: no gather
-        index, tables, lens = rows
-        res = cpu_attention.paged_decode_attention(
-            q.index_select(0, index), k_cache, v_cache, tables, lens, scale
-        )
+        index, prepared = rows
+        res = cpu_attention.decode(q.index_select(0, index), k_cache, v_cache, prepared, scale)
         out.index_copy_(0, index, res)
     elif nd:
         out[:nd] = paged_decode_attention(
@@ -217,7 +221,10 @@ def _decode_rows_plan(meta: AttentionMetadata) -> tuple[list[tuple[int, int]], t
         rows.append(torch.arange(first, first + qlen))
         tables.append(meta.block_tables[i : i + 1].expand(qlen, -1))
         lens.append(torch.arange(total - qlen + 1, total + 1, dtype=meta.seq_lens.dtype))
-    decode_rows = (torch.cat(rows), torch.cat(tables), torch.cat(lens)) if nd or short else None
+    decode_rows = None
+    if nd or short:
+        index = torch.cat(rows)
+        decode_rows = (index, cpu_attention.DecodeRows.of(torch.cat(tables), torch.cat(lens), len(index)))
     plan = meta.derived["decode_rows"] = (short, decode_rows)
     return plan
 

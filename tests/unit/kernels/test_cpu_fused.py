@@ -62,3 +62,24 @@ def test_other_dtypes_take_the_torch_formulas():
     gu = torch.randn(3, 128, dtype=torch.bfloat16)
     gate, up = gu.chunk(2, dim=-1)
     assert torch.equal(torch_ops.silu_and_mul(gu), F.silu(gate) * up)
+
+
+def test_cache_write_takes_qkv_views_and_refuses_a_slot_outside_the_pools():
+    gen = torch.Generator().manual_seed(5)
+    t, hq, hk, d = 5, 6, 2, 64
+    qkv = torch.randn(t, (hq + 2 * hk) * d, generator=gen)
+    key = qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)  # token rows qkv's width apart
+    value = qkv[:, (hq + hk) * d :].view(t, hk, d)
+    k_cache = torch.full((4, 8, hk, d), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    slots = torch.tensor([31, 0, 9, 8, 17])
+    assert cpu_fused.cache_fits(key, value, k_cache)
+    want_k, want_v = reference.reshape_and_cache(key, value, k_cache, v_cache, slots)
+    cpu_fused.cache_write(key, value, k_cache, v_cache, slots)
+    assert torch.equal(k_cache.double().nan_to_num(0.0), want_k.nan_to_num(0.0))
+    assert torch.equal(v_cache.double().nan_to_num(0.0), want_v.nan_to_num(0.0))
+    before = k_cache.clone(), v_cache.clone()
+    with pytest.raises(IndexError, match="slot 32 outside the KV pools"):
+        cpu_fused.cache_write(key, value, k_cache, v_cache, torch.tensor([1, 2, 32, 3, 4]))
+    assert torch.equal(k_cache.nan_to_num(0.0), before[0].nan_to_num(0.0))  # nothing written
+    assert torch.equal(v_cache.nan_to_num(0.0), before[1].nan_to_num(0.0))
