@@ -16,7 +16,7 @@ from llmservice.kernels import cpu_native
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return (
-        q.device.type == "cpu"
+        q.is_cpu
         and q.dtype == torch.float32
         and k_cache.dtype == torch.float32
         and k_cache.is_contiguous()

@@ -151,6 +151,8 @@ def error(name: str = "cpu_quant") -> str | None:
 
 
 def available(name: str = "cpu_quant") -> bool:
+    if name in _state:  # loaded: asked by every per-layer op, so no lock on this path
+        return True
     try:
         library(name)
     except NativeUnavailable:
