@@ -6,8 +6,6 @@ import argparse
 import sys
 import time
 
-from llmservice.server.host_memory import prefer_huge_pages
-
 
 def _demo(args: argparse.Namespace) -> int:
     """Offline generation: answer one chat prompt and print the speed."""
@@ -49,7 +47,6 @@ def _operator(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    prefer_huge_pages()  # before anything imports torch
     if argv and argv[0] == "operator":
         return _operator(argv[1:])
     if argv and argv[0] == "advise":  # its own parser (operator/advisor/cli.py)
