@@ -83,6 +83,9 @@ def test_images_copy_what_the_build_reads(dockerfile: str):
 
 
 def test_the_cpu_kernel_sources_are_in_the_wheel(wheel: zipfile.ZipFile):
-    """kernels/cpu_native.py compiles them at first use (package-data in pyproject.toml)."""
-    sources = {f"llmservice/kernels/{p.name}" for p in (ROOT / "kernels").glob("*.c")}
-    assert sources and sorted(sources - set(wheel.namelist())) == []
+    """kernels/cpu_native.py compiles them at first use (package-data in pyproject.toml),
+    with the headers they include (cpu_math.h)."""
+    kernels = ROOT / "kernels"
+    sources = {f"llmservice/kernels/{p.name}" for p in [*kernels.glob("*.c"), *kernels.glob("*.h")]}
+    assert any(s.endswith(".h") for s in sources)
+    assert sorted(sources - set(wheel.namelist())) == []
