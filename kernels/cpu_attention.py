@@ -66,7 +66,7 @@ def decode(
         raise ValueError(f"{rows.lens.shape[0]} sequence lengths for {bsz} queries")
     q = q.contiguous()
     out = torch.empty_like(q)
-    rc = _qa_decode()(
+    rc = cpu_native.library("cpu_attention").qa_decode(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
         rows.tables.stride(0), rows.lens.data_ptr(), bsz, hq, hkv, d, block_size, scale,
         out.data_ptr(), torch.get_num_threads(),
@@ -74,7 +74,3 @@ def decode(
     if rc != 0:
         raise MemoryError("decode attention: no memory for the scores buffer")
     return out
-
-
-def _qa_decode():
-    return cpu_native.library("cpu_attention").qa_decode

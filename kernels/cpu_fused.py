@@ -79,11 +79,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def cache_fits(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """key/value [T, Hkv, D] with each token's row contiguous (views of QKV), fp32 pools."""
+def cache_fits(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """key/value [T, Hkv, D] with each token's row contiguous (views of QKV), both pools
+    fp32 and contiguous (the C call copies raw floats into either)."""
     return (
-        supports(key, value, k_cache)
+        supports(key, value, k_cache, v_cache)
         and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
         and all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (key, value))
     )
 
@@ -102,4 +104,3 @@ def cache_write(
                                n * bs)  # fmt: skip
     if rc < 0:
         raise IndexError(f"slot {int(s[-1 - rc])} outside the KV pools ({n * bs} slots)")
-

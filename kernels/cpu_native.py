@@ -27,7 +27,7 @@ import torch  # noqa: F401  (loads torch's libgomp.so.1 before our library asks 
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_quant.c")
-HEADERS = SOURCE.parent  # cpu_math.h, included by the sources (also by old revisions' in benches)
+HEADERS = SOURCE.parent  # cpu_math.h: included by the sources, and by older ones the benches build
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 _state: dict[str, object] = {}

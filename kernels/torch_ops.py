@@ -29,7 +29,7 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter new K/V rows [T, Hkv, D] into the paged pools [N, bs, Hkv, D]."""
-    if cpu_fused.cache_fits(key, value, k_cache):
+    if cpu_fused.cache_fits(key, value, k_cache, v_cache):
         cpu_fused.cache_write(key, value, k_cache, v_cache, slot_mapping)
         return
     num_blocks, block_size, hkv, d = k_cache.shape

@@ -73,7 +73,7 @@ def test_cache_write_takes_qkv_views_and_refuses_a_slot_outside_the_pools():
     k_cache = torch.full((4, 8, hk, d), float("nan"))
     v_cache = torch.full_like(k_cache, float("nan"))
     slots = torch.tensor([31, 0, 9, 8, 17])
-    assert cpu_fused.cache_fits(key, value, k_cache)
+    assert cpu_fused.cache_fits(key, value, k_cache, v_cache)
     want_k, want_v = reference.reshape_and_cache(key, value, k_cache, v_cache, slots)
     cpu_fused.cache_write(key, value, k_cache, v_cache, slots)
     assert torch.equal(k_cache.double().nan_to_num(0.0), want_k.nan_to_num(0.0))
