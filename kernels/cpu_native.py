@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -70,6 +71,16 @@ def cache_dir() -> Path:
     raise NativeUnavailable("no writable cache folder for the compiled kernels")
 
 
+def _included_sources(source: Path) -> list[str]:
+    """The text of `source` and of the C files it includes (cpu_decoder.c is built from
+    the other kernels' sources as one unit): a change to any of them is a new library."""
+    text = source.read_text()
+    texts = [text]
+    for name in re.findall(r'^#include "([^"]+\.c)"', text, flags=re.M):
+        texts += _included_sources(source.with_name(name))
+    return texts
+
+
 def build(source: Path = SOURCE) -> Path:
     """Compile `source` into the cache (if not there yet); return the .so path."""
     cc = _compiler()
@@ -81,7 +92,7 @@ def build(source: Path = SOURCE) -> Path:
         raise NativeUnavailable(f"{cc} --version failed: {e}") from e
     headers = [h.read_text() for h in sorted(HEADERS.glob("*.h"))]  # what the sources include
     key = hashlib.sha256(
-        "\0".join([source.read_text(), *headers, version, " ".join(FLAGS), _cpu_flags()]).encode()
+        "\0".join([*_included_sources(source), *headers, version, " ".join(FLAGS), _cpu_flags()]).encode()
     ).hexdigest()
     out = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if out.exists():
@@ -120,6 +131,9 @@ def _declare(lib: ctypes.CDLL, name: str) -> None:
         lib.qo_cache_write.restype = i32
         for f in (lib.qo_rms_norm, lib.qo_add_rms_norm, lib.qo_silu_mul):
             f.restype = None
+    elif name == "cpu_decoder":
+        lib.qd_decode.argtypes = [p, p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32, p, i32]
+        lib.qd_decode.restype = i32
     elif name == "cpu_attention":
         lib.qa_decode.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, p, i32]
         lib.qa_decode.restype = i32

@@ -17,6 +17,7 @@ import torch
 from llmservice.kernels import ops
 from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.model.config import ModelConfig
+from llmservice.server.model.fused_decoder import decoder_weights
 from llmservice.server.model.parallel import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -161,6 +162,8 @@ class LlamaModel:
         self.scale = d**-0.5
         self.q_size = self.num_heads * d
         self.kv_size = self.num_kv_heads * d
+        # decode-only CPU steps on packed layers: all layers in one C call (same bits)
+        self.fused_decoder = decoder_weights(self)
 
     def weight_bytes(self) -> int:
         """Bytes of the weights this rank holds."""
@@ -212,6 +215,10 @@ class LlamaModel:
         eps = cfg.rms_norm_eps
         d, nh, nkv = cfg.head_dim, self.num_heads, self.num_kv_heads
         hidden = self.embed(input_ids)
+        if self.fused_decoder is not None and ops.backend_for(hidden) == "torch":
+            out = self.fused_decoder.decode_layers(hidden, positions, meta, kv_caches)
+            if out is not None:
+                return out
         residual = hidden
         x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
