@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from llmservice.server.engine.cost_model import Coefficients, StepShape, chunk_pairs
 
 DEFAULT_DECODE_MULTIPLE = 2.0
-DEFAULT_MIN_PREFILL_TOKENS = 256
+DEFAULT_MIN_PREFILL_TOKENS = 32  # progress against a skewed fit; 256 set the CPU ITL tail (docs/engine.md)
 LONG_SHARE = 0.5
 MIN_PROGRESS_TOKENS = 16
 

@@ -116,6 +116,7 @@ def test_default_mode_floor_keeps_prefill_moving_whatever_the_fit():
     floor = DEFAULT_MIN_PREFILL_TOKENS
     assert share_prefill([(1000, 0)], 0.05, 2048, skewed, min_tokens=floor) == [floor]
     # spread in policy order, never past a candidate's need or the token budget
-    assert share_prefill([(100, 0), (1000, 0)], 0.05, 2048, skewed, min_tokens=floor) == [100, floor - 100]
-    assert share_prefill([(1000, 0)], 0.05, 64, skewed, min_tokens=floor) == [64]
-    assert share_prefill([(30, 0)], 0.05, 2048, skewed, min_tokens=floor) == [30]
+    half = floor // 2
+    assert share_prefill([(half, 0), (1000, 0)], 0.05, 2048, skewed, min_tokens=floor) == [half, floor - half]
+    assert share_prefill([(1000, 0)], 0.05, half, skewed, min_tokens=floor) == [half]
+    assert share_prefill([(floor - 2, 0)], 0.05, 2048, skewed, min_tokens=floor) == [floor - 2]
