@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from llmservice.kernels import cpu_native
+from llmservice.kernels.metadata import AttentionMetadata
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -52,6 +53,15 @@ class DecodeRows:
         if tables.dtype != torch.int32 or tables.stride(-1) != 1:
             tables = tables.to(torch.int32).contiguous()
         return cls(tables, seq_lens[:bsz].to(torch.int32).contiguous())
+
+    @classmethod
+    def of_step(cls, meta: AttentionMetadata) -> DecodeRows:
+        """The rows of a decode-only step, built once and kept in `meta.derived` for every
+        layer (and for the one-call decoder)."""
+        rows = meta.derived.get("decode_only_rows")
+        if rows is None:
+            rows = meta.derived["decode_only_rows"] = cls.of(meta.block_tables, meta.seq_lens, meta.num_decodes)
+        return rows
 
 
 def decode(

@@ -40,8 +40,15 @@ static void linear(int kind, const uint8_t *w, int64_t N, int64_t K, const float
         qk_matmul(kind, w, N, K, x, M, K, y, N, bias, nthreads);
 }
 
+/* Floats of the `work` buffer qd_decode carves for B rows: qkv, q, attention output,
+ * gate_up, and the SiLU product. */
+int64_t qd_work_floats(const qd_model *m, int64_t B) {
+    const int64_t nq = m->heads * m->head_dim, nkv = m->kv_heads * m->head_dim;
+    return B * ((nq + 2 * nkv) + nq + nq + 2 * m->intermediate + m->intermediate);
+}
+
 /* residual [B, hidden]: the embeddings in, the residual stream out; out [B, hidden]: the
- * final-normed hidden states. work: B * (qkv + 2 q + 3 intermediate) floats. Returns 0;
+ * final-normed hidden states; work: qd_work_floats(m, B) floats. Returns 0;
  * -1 a position outside the rotary cache, -2 a slot outside the pools (both checked before
  * anything is written), -3 no memory for the attention scores. */
 int qd_decode(const qd_model *m, const qd_layer *layers, float *const *k_caches, float *const *v_caches,

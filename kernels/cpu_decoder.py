@@ -145,19 +145,15 @@ class DecoderWeights:
         if pools is None:
             return None
         ks, vs, num_slots, block_size = pools
-        rows = meta.derived.get("decode_only_rows")
-        if rows is None:
-            rows = meta.derived["decode_only_rows"] = cpu_attention.DecodeRows.of(
-                meta.block_tables, meta.seq_lens, b
-            )
+        rows = cpu_attention.DecodeRows.of_step(meta)
         pos = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        nq, nkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        work = torch.empty(b * (nq + 2 * nkv + 2 * nq + 3 * self.intermediate), dtype=torch.float32)
+        lib = cpu_native.library("cpu_decoder")
+        work = torch.empty(lib.qd_work_floats(ctypes.byref(self._model), b), dtype=torch.float32)
         out = torch.empty_like(hidden)
         threads = torch.get_num_threads()
         tiled = cpu_quant.choose_path(b, threads) == "tiled"
-        rc = cpu_native.library("cpu_decoder").qd_decode(
+        rc = lib.qd_decode(
             ctypes.byref(self._model), self._structs, ks, vs, num_slots, block_size, hidden.data_ptr(),
             out.data_ptr(), pos.data_ptr(), slots.data_ptr(), rows.tables.data_ptr(), rows.tables.stride(0),
             rows.lens.data_ptr(), b, int(tiled), work.data_ptr(), threads,

@@ -134,6 +134,8 @@ def _declare(lib: ctypes.CDLL, name: str) -> None:
     elif name == "cpu_decoder":
         lib.qd_decode.argtypes = [p, p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32, p, i32]
         lib.qd_decode.restype = i32
+        lib.qd_work_floats.argtypes = [p, i64]
+        lib.qd_work_floats.restype = i64
     elif name == "cpu_attention":
         lib.qa_decode.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, p, i32]
         lib.qa_decode.restype = i32

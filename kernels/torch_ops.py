@@ -163,11 +163,7 @@ def paged_attention(
     nd = meta.num_decodes
     native = cpu_attention.supports(q, k_cache)
     if native and nd == meta.num_seqs:  # a decode-only step: no copy into a second output
-        rows = meta.derived.get("decode_only_rows")
-        if rows is None:  # once per step, for every layer
-            rows = meta.derived["decode_only_rows"] = cpu_attention.DecodeRows.of(
-                meta.block_tables, meta.seq_lens, nd
-            )
+        rows = cpu_attention.DecodeRows.of_step(meta)  # once per step, for every layer
         return cpu_attention.decode(q, k_cache, v_cache, rows, scale)
     out = torch.empty_like(q)
     short, rows = _decode_rows_plan(meta) if native else ([], None)
