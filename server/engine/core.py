@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import queue
 import sys
+import time
 from typing import Any
 
 from llmservice.server.config import EngineConfig
@@ -27,11 +28,23 @@ from llmservice.server.engine.messages import (
     Rejected,
     Report,
     Shutdown,
+    Sleep,
+    WakeUp,
 )
+from llmservice.server.engine.sleep_core import SleepController
 
 log = logging.getLogger("llmservice.engine_core")
 
 IDLE_POLL_S = 0.5  # how often an idle core checks that its parent is still alive
+
+# TEST ONLY: every step takes at least this many ms (the core sleeps out the rest). Tests
+# of clocks (a request timeout that must fire mid-generation) set it, so that what they
+# check does not depend on how fast the machine is. Never set it in production.
+TEST_ONLY_MIN_STEP_ENV = "LLMSERVICE_TEST_ONLY_MIN_STEP_MS"
+
+
+def _min_step_s() -> float:
+    return float(os.environ.get(TEST_ONLY_MIN_STEP_ENV, "0")) / 1000.0
 
 
 def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
@@ -63,8 +76,10 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
 class EngineCore:
     """Applies commands to the engine and turns each step into a Report."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, outbox: Any = None):
         self.engine = engine
+        self.sleep = SleepController(engine)
+        self.outbox = outbox  # sleep answers go out as soon as they are known
 
     def apply(self, commands: list[Any]) -> tuple[Report | None, bool]:
         """Returns the admission report (None if nothing was admitted/aborted) and
@@ -80,12 +95,22 @@ class EngineCore:
             elif isinstance(cmd, AbortRequests):
                 for rid in cmd.request_ids:
                     self.engine.abort_request(rid)
+            elif isinstance(cmd, (Sleep, WakeUp)):
+                for answer in self.sleep.handle(cmd):
+                    self._answer(answer)
         if not touched:
             return None, False
         report.stats = engine_stats(self.engine, stepped=False)
         return report, False
 
+    def _answer(self, answer: Any) -> None:
+        if answer is not None and self.outbox is not None:
+            self.outbox.put(answer)
+
     def _add(self, cmd: AddRequest, report: Report) -> None:
+        if self.sleep.sleeping:  # the API answers 503 while asleep; one that raced the Sleep
+            report.rejected.append(Rejected(cmd.request_id, "the engine is asleep (POST /wake_up)", 503))
+            return
         try:
             self.engine.add_request(
                 cmd.prompt_token_ids, cmd.params, cmd.request_id, cmd.priority, cmd.arrival_time
@@ -174,8 +199,9 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
     watch = getattr(engine.runner, "watch", None)
     if watch is not None:  # tensor-parallel ranks: one that dies or hangs ends this process
         watch(lambda message: _die_loudly(outbox, message))
-    core = EngineCore(engine)
+    core = EngineCore(engine, outbox)
     parent = mp.parent_process()
+    min_step_s = _min_step_s()
     while True:
         idle = not engine.has_unfinished_requests()
         commands = _drain(inbox, block=idle)
@@ -186,9 +212,14 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
             return
         if report is not None:
             outbox.put(report)
+        core._answer(core.sleep.maybe_sleep())
         if engine.has_unfinished_requests():
             try:
-                outbox.put(core.step())
+                started = time.monotonic()
+                stepped = core.step()
+                if min_step_s:
+                    time.sleep(max(0.0, min_step_s - (time.monotonic() - started)))
+                outbox.put(stepped)
             except Exception as exc:
                 log.exception("engine step failed")
                 outbox.put(EngineFailed(f"engine step failed: {type(exc).__name__}: {exc}"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 from llmservice.server.config import EngineConfig
@@ -94,14 +95,19 @@ _MEASURED: dict[tuple, list[tuple[StepShape, float]]] = {}
 
 
 def _measure(
-    runner: ModelRunner, config: EngineConfig, shapes: list[list[tuple[int, int]]], cuda: bool
+    runner: ModelRunner,
+    config: EngineConfig,
+    shapes: list[list[tuple[int, int]]],
+    cuda: bool,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[StepShape, float]]:
+    """Each shape's faster of two runs, by `clock` (injectable so tests set the durations)."""
     samples: list[tuple[StepShape, float]] = []
     known: set[str] = set()
     budget = PROFILE_BUDGET_S["cuda" if cuda else "cpu"]
-    deadline = time.perf_counter() + budget
+    deadline = clock() + budget
     for requests in shapes:
-        if time.perf_counter() > deadline:
+        if clock() > deadline:
             log.warning("step profile: over its %.0f s budget after %d of %d shapes; the rest are left out",
                         budget, len(samples), len(shapes))  # fmt: skip
             break
@@ -114,11 +120,11 @@ def _measure(
         for _ in range(2):  # the first run also warms up; the faster is the machine's speed
             if cuda:
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = clock()
             runner.execute(out)
             if cuda:
                 torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, clock() - t0)
             out.new_requests = {}
         samples.append((StepShape.of(requests), best))
     if known:

@@ -16,9 +16,9 @@ from tests.support.server_process import ServerProcess, spawn_server, wait_ready
 def launch_server(tmp_path_factory):
     started: list[ServerProcess] = []
 
-    def launch(*args: str, wait: bool = True) -> ServerProcess:
+    def launch(*args: str, wait: bool = True, env: dict[str, str] | None = None) -> ServerProcess:
         log_path = tmp_path_factory.mktemp("server") / "server.log"
-        server = spawn_server(list(args), log_path)
+        server = spawn_server(list(args), log_path, env)
         started.append(server)
         return wait_ready(server) if wait else server
 

@@ -1,6 +1,8 @@
-"""Real `llmservice serve` processes under the limits and faults of issue 21.
+"""Real `llmservice serve` processes under their limits and faults.
 
-`guarded`: an API key, a small body limit, --max-tokens-default and a request timeout.
+`guarded`: an API key, a small body limit, --max-tokens-default and a request timeout;
+each engine step takes at least MIN_STEP_MS (a test-only knob), so 240 tokens take at
+least 240 x 40 ms = 9.6 s, three times the timeout, however fast the machine.
 `fragile`: plain; its engine-core process is killed with SIGKILL during 16 streams, so
 it is used by the last test of the module only. Both boot together (10-15 s).
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from llmservice.server.engine.core import TEST_ONLY_MIN_STEP_ENV
 
 from tests.support.server_process import wait_ready
 
@@ -28,11 +31,13 @@ TIMEOUT_S = "3"
 GUARDED = (*COMMON, "--api-key", KEY, "--max-request-body-bytes", "65536",
            "--max-tokens-default", "5", "--request-timeout-s", TIMEOUT_S)
 AUTH = {"Authorization": f"Bearer {KEY}"}
+MIN_STEP_MS = 40
+SLOW_STEPS = {TEST_ONLY_MIN_STEP_ENV: str(MIN_STEP_MS)}
 
 
 @pytest.fixture(scope="module")
 def _servers(launch_server):
-    return {"guarded": launch_server(*GUARDED, wait=False), "fragile": launch_server(*COMMON, wait=False)}
+    return {"guarded": launch_server(*GUARDED, wait=False, env=SLOW_STEPS), "fragile": launch_server(*COMMON, wait=False)}
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +109,7 @@ def test_max_tokens_default_applies_when_left_out(guarded):
 
 def test_request_timeout_ends_with_length_and_says_why(guarded):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 240, "ignore_eos": True}
+    assert 240 * MIN_STEP_MS / 1000 > 3 * float(TIMEOUT_S)  # the clock fires first
     started = time.monotonic()
     r = httpx.post(guarded.base_url + "/completions", json=body, headers=AUTH, timeout=60)
     took = time.monotonic() - started
@@ -111,7 +117,8 @@ def test_request_timeout_ends_with_length_and_says_why(guarded):
     out = r.json()
     assert out["choices"][0]["finish_reason"] == "length"
     assert out["usage"]["completion_tokens"] < 240  # stopped by the clock, not by max_tokens
-    assert "request-timeout" in r.headers["llmservice-truncated"] and took < 10
+    assert "request-timeout" in r.headers["llmservice-truncated"]
+    assert took >= float(TIMEOUT_S)  # it ran until the clock fired
     # a stream announces the limit up front and ends its choice with length
     with httpx.stream("POST", guarded.base_url + "/completions", json={**body, "stream": True},
                       headers=AUTH, timeout=60) as s:
