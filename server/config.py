@@ -135,6 +135,11 @@ class EngineConfig:
         "beyond); default: 2x max-num-seqs, at most 512 (vLLM's)",
         type=int,
     )
+    enable_sleep_mode: bool = arg(
+        False, "--enable-sleep-mode",
+        "POST /sleep?level=1|2 frees the KV pool (and moves or drops the weights), POST /wake_up restores them",
+        type=bool,
+    )
     async_scheduling: bool | None = arg(
         None, "--async-scheduling",
         "overlap scheduling: plan step N+1 while step N runs (default: on on CUDA, off on CPU)",

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from llmservice.server.api import sleep_routes
 from llmservice.server.api.chat import create_chat_completion
 from llmservice.server.api.completions import create_completion
 from llmservice.server.api.errors import APIError, describe_validation_errors, error_response
@@ -54,6 +55,7 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     app = FastAPI(title="llmservice", version=llmservice.__version__, lifespan=lifespan)
     app.state.server = state
     app.state.metrics = metrics
+    app.include_router(sleep_routes.router)
     # Added last = runs first: the key is checked before the body is looked at.
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_request_body_bytes)
     if state.api_key is not None:

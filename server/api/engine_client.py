@@ -27,6 +27,9 @@ from llmservice.server.engine.messages import (
     EngineStats,
     Report,
     Shutdown,
+    Sleep,
+    SleepChanged,
+    WakeUp,
 )
 from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.metrics import ServerMetrics
@@ -83,6 +86,10 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
         self._closing = False
+        # sleep mode: the level the engine reported (0: awake), and who waits for the next answer
+        self.sleep_level = 0
+        self.sleep_requested = False  # from POST /sleep on: new requests get 503 + Retry-After
+        self._sleep_waiters: list[asyncio.Future[SleepChanged]] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -161,6 +168,8 @@ class EngineClient:
         engine; its `accepted` future resolves when the engine took it."""
         if self.dead is not None:
             raise APIError(503, f"the engine is not running: {self.dead}")
+        if self.sleep_requested or self.sleep_level:
+            raise APIError(503, "the engine is asleep: POST /wake_up first", headers={"Retry-After": "5"})
         assert self._loop is not None, "attach() first"
         stream = RequestStream(request_id, len(prompt_token_ids), arrival_time, self._loop, out)
         self.streams[request_id] = stream
@@ -192,6 +201,36 @@ class EngineClient:
         if live and self.dead is None:
             self.inbox.put(AbortRequests(live))
 
+    # ---- sleep mode ----------------------------------------------------------------------------
+    async def sleep(self, level: int) -> SleepChanged:
+        """Ask the engine to sleep once its running requests finish; new ones get 503."""
+        self.sleep_requested = True
+        answer = await self._ask(Sleep(level))
+        if answer.error is not None:
+            self.sleep_requested = bool(self.sleep_level)
+        return answer
+
+    async def wake_up(self) -> SleepChanged:
+        answer = await self._ask(WakeUp())
+        if answer.error is None:
+            self.sleep_requested = False
+        return answer
+
+    async def _ask(self, command: Sleep | WakeUp) -> SleepChanged:
+        if self.dead is not None:
+            raise APIError(503, f"the engine is not running: {self.dead}")
+        waiter = asyncio.get_running_loop().create_future()
+        self._sleep_waiters.append(waiter)
+        self.inbox.put(command)
+        return await waiter
+
+    def _on_sleep_changed(self, msg: SleepChanged) -> None:
+        self.sleep_level = msg.level
+        if self._sleep_waiters:
+            waiter = self._sleep_waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(msg)
+
     # ---- reports (reader thread -> loop) --------------------------------------------------------
     def _read_loop(self) -> None:
         assert self._loop is not None
@@ -218,6 +257,8 @@ class EngineClient:
     def _on_message(self, msg: Any, received_at: float) -> None:
         if isinstance(msg, Report):
             self._on_report(msg, received_at)
+        elif isinstance(msg, SleepChanged):
+            self._on_sleep_changed(msg)
         elif isinstance(msg, EngineFailed):
             self._fail_all(msg.message)
 
@@ -279,3 +320,7 @@ class EngineClient:
                 stream.accepted.set_exception(err)
             stream.queue.put_nowait(EngineDeadError(message))
         self.streams.clear()
+        for waiter in self._sleep_waiters:
+            if not waiter.done():
+                waiter.set_exception(APIError(503, f"the engine failed: {message}"))
+        self._sleep_waiters.clear()

@@ -34,6 +34,18 @@ class Shutdown:
     pass
 
 
+@dataclass
+class Sleep:
+    """--enable-sleep-mode: free the device's memory once no request is in flight (sleep.py)."""
+
+    level: int = 1
+
+
+@dataclass
+class WakeUp:
+    pass
+
+
 # ---- engine core -> API process ---------------------------------------------------------
 
 
@@ -110,3 +122,12 @@ class Report:
     accepted: list[str] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     deltas: list[Delta] = field(default_factory=list)
+
+
+@dataclass
+class SleepChanged:
+    """The answer to Sleep or WakeUp: the engine's sleep level now (0: awake)."""
+
+    level: int
+    seconds: float
+    error: str | None = None
