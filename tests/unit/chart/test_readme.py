@@ -1,4 +1,4 @@
-"""README.md stays true: the generated CRD reference, the commands, the files it names."""
+"""README.md and docs/ stay true: the generated CRD reference, the commands, the files they name."""
 
 from __future__ import annotations
 
@@ -76,6 +76,23 @@ def test_every_make_target_in_the_readme_exists():
     assert listed - {"e2e-kind"} <= defined, sorted(listed - defined)
     if "e2e-kind" in defined:
         assert "hack/e2e-kind.sh" in makefile
+
+
+def test_readme_is_a_front_page():
+    """The manual lives in docs/; the README keeps the quickstart, the install, one table, links."""
+    assert len(README.splitlines()) <= 150
+    assert "## What it does" in README
+    assert "(docs/reference.md)" in README
+
+
+def test_links_in_docs_resolve():
+    """Relative links of docs/*.md point at files that exist (relative to the page)."""
+    broken = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not (page.parent / target).exists():
+                broken.append(f"{page.name}: {target}")
+    assert broken == []
 
 
 def test_files_the_readme_names_exist():

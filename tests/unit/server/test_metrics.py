@@ -1,4 +1,4 @@
-"""The metric contract (README, "Metric contract"): vLLM's names, types, labels and buckets."""
+"""The metric contract (docs/metrics.md): vLLM's names, types, labels and buckets."""
 
 from __future__ import annotations
 
