@@ -1,5 +1,5 @@
 """Packed GGUF matmul on CPU: the old direct kernel vs the new paths vs fp32 torch, and the
-model's 512-token prefill and batch-1 decode on packed vs fp32 weights (issue 22).
+model's 512-token prefill and batch-1 decode on packed vs fp32 weights.
 
     .venv/bin/python bench/cpu_quant_bench.py                 # ~5 minutes on 2 cores
     .venv/bin/python bench/cpu_quant_bench.py --quick         # fewer matrices and reps

@@ -1,4 +1,4 @@
-"""Where the packed matmul's `direct` path should hand over to `tiled` (issue 22/24).
+"""Where the packed matmul's `direct` path should hand over to `tiled`.
 
 For each thread count and activation-row count M: ms per Q4_1 matrix of the model's
 gate_up shape (3072 x 576) for the 4-row direct kernel built from `--old-rev` (the kernel

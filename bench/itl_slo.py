@@ -1,4 +1,4 @@
-"""Inter-token latency under load: the fixed token budget vs the step-time budget (issue 26).
+"""Inter-token latency under load: the fixed token budget vs the step-time budget.
 
 One `llmservice serve` per mode (CPU, --num-threads 2 by default), each driven by
 `llmservice bench serve --dataset sharegpt-like --max-concurrency 64 --ignore-eos`:
@@ -12,7 +12,7 @@ Writes bench/results/itl_slo.json and .png.
 
     flock /tmp/llmservice-heavy.lock .venv/bin/python bench/itl_slo.py [--num-prompts 128]
 
-Targets (issue 26): default mode ITL p99 <= 3x its median; SLO mode ITL p99 within the
+Targets: default mode ITL p99 <= 3x its median; SLO mode ITL p99 within the
 target; output tok/s of both >= 90 % of fixed-2048's.
 """
 

@@ -11,7 +11,7 @@ ITL p50/p99, and each server's peak RSS (VmHWM).
     hack/build-llama-server.sh        # once, ~12 min on 2 cores
     flock /tmp/llmservice-heavy.lock .venv/bin/python bench/serve_compare.py --threads 2
 
-Targets (issue 22): ours / llama.cpp output tok/s >= 1.0 at concurrency 1, >= 1.5 at 8 and
+Targets: ours / llama.cpp output tok/s >= 1.0 at concurrency 1, >= 1.5 at 8 and
 32; ITL p99 at 32 no worse than llama.cpp's; /health p99 <= 20 ms.
 """
 

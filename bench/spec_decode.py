@@ -1,5 +1,5 @@
 """Speculative decoding on CPU: speed-up over speculation off, mean accepted length and
-acceptance by position, per workload and batch size (issue 24's targets: ngram >= 1.8x
+acceptance by position, per workload and batch size (the targets: ngram >= 1.8x
 at batch 1 on copy-heavy text, never more than 5 % slower than off on random text).
 
 Workloads (the engine's own SmolLM2-135M and tokenizer, greedy, ignore_eos, the same

@@ -146,7 +146,7 @@ def _scheduled(rid: str, tokens: list[int], start: int, blocks: list[int], table
 
 
 def no_host_sync(loaded) -> dict:
-    """Issue 18 item 3: launching a step makes no host synchronisation, for a mixed
+    """Launching a step makes no host synchronisation, for a mixed
     prefill + decode step and a pure-decode step, eager and replayed from a CUDA graph.
     torch.cuda.set_sync_debug_mode("error") raises at the first synchronising call
     (its message names it); the step's tokens are read after the mode is reset."""
