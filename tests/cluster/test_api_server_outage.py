@@ -6,7 +6,7 @@ change, the autoscaler acts on new metrics, and no child was lost or duplicated.
 
 The pods are kwok-mode (Ready, no process); tests/cluster/pod_metrics.py serves scripted
 vLLM /metrics on their IPs. The default tier stops the API server for 8 s; `make e2e`
-runs the issue's 30 s (issue 21).
+runs a 30 s outage.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/gpu_summary.py: the GPU session's figures against issue 18's targets."""
+"""scripts/gpu_summary.py: the GPU session's figures against the GPU targets of docs/gpu.md."""
 
 from __future__ import annotations
 

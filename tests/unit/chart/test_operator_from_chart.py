@@ -289,7 +289,7 @@ SERVICE_MONITOR_CRD = {
         ],
     },
 }
-# Granted for code paths this scenario does not reach: the autoscaler (issue 7) reads
+# Granted for code paths this scenario does not reach: the autoscaler reads
 # pods and writes replicas through the scale subresource.
 RESERVED = {
     ("get", "", "pods"),

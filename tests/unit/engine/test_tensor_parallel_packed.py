@@ -1,4 +1,4 @@
-"""Tensor-parallel ranks keep the embedded GGUF's blocks packed (issue 22's CPU kernels at
+"""Tensor-parallel ranks keep the embedded GGUF's blocks packed (the packed CPU kernels at
 TP > 1): each rank copies only its shard's Q4_1 / Q8_0 blocks, never dequantizes them,
 and the sharded packed model computes TP=1's logits.
 

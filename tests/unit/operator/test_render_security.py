@@ -1,4 +1,4 @@
-"""The pod details of issue 21: the API key from a Secret (never on the command line),
+"""The pod details that harden a rollout: the API key from a Secret (never on the command line),
 the preStop hook inside the grace period, the rollout that keeps every replica, the
 optional NetworkPolicy, and the restricted Pod Security profile's fields."""
 
