@@ -1,4 +1,4 @@
-"""Prometheus metrics with vLLM's names, types, labels and buckets (the README's metric contract).
+"""Prometheus metrics with vLLM's names, types, labels and buckets (docs/metrics.md).
 
 The operator's autoscaler, Grafana dashboards built for vLLM and the Gateway API
 Inference Extension read these names, so they must match vLLM exactly. Engine-wide

@@ -1,7 +1,7 @@
 """Tokenizer (HF `tokenizers`, Rust) built from GGUF BPE material or tokenizer.json, plus chat templates.
 
 The Rust tokenizer releases the GIL, so encode/decode can run in worker threads and
-never block the server's event loop (the README's fifth batching mistake).
+never block the server's event loop (the fifth batching mistake of docs/troubleshooting.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tokenizer work for the API process, run in a thread pool so the event loop never
-encodes, renders a chat template or decodes (the README's fifth batching mistake).
+encodes, renders a chat template or decodes (the fifth batching mistake of docs/troubleshooting.md).
 
 The API process builds its own TextTokenizer from the model's metadata only (GGUF
 header or tokenizer files): it never loads weights, which stay in the engine process.

@@ -2,7 +2,7 @@
 
 Keeping model steps (and the engine's incremental detokenizer) in a separate process
 means the API's event loop never waits on the GIL held by the engine's Python code
-(the README's fifth batching mistake: work on the event loop; 8 ms idle gaps -> 0.4 ms). The loop: take every queued command,
+(the fifth batching mistake of docs/troubleshooting.md: work on the event loop; 8 ms idle gaps -> 0.4 ms). The loop: take every queued command,
 acknowledge admissions at once, run one step, report what changed, repeat; block on
 the inbox only when there is nothing to run.
 """

@@ -1,6 +1,6 @@
 """KV cache memory plan (pure): how many blocks fit, and what that means for concurrency.
 
-The README's fourth batching mistake: a large max_model_len silently caps how many sequences fit. The plan
+The fourth batching mistake (docs/troubleshooting.md): a large max_model_len silently caps how many sequences fit. The plan
 states it at start-up: 'N blocks, M concurrent sequences at max_model_len'.
 """
 
