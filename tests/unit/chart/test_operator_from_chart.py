@@ -313,6 +313,9 @@ def granted(op: RenderedOperator) -> set[tuple[str, str, str]]:
     return rights
 
 
+# Real server pods start, scale and stop in here: ~2 min idle, and a loaded 2-core machine
+# once ran it past the default 600 s limit, in teardown. The waits are each bounded.
+@pytest.mark.timeout(1800)
 def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: Path):
     values = {"metrics.enabled": True, "metrics.port": free_port()}
     with RenderedOperator(helm, tmp_path, values, "default") as op:
