@@ -16,6 +16,12 @@ from llmservice.server.engine.request import Request
 _ROOT_HASH = hash(("llmservice-prefix-root",))
 
 
+def root_hash(lora_name: str | None) -> int:
+    """The hash chain's root: a request for a LoRA adapter roots its chain in the adapter's
+    name, so two adapters (or an adapter and the base model) never share KV blocks."""
+    return _ROOT_HASH if lora_name is None else hash((_ROOT_HASH, "lora", lora_name))
+
+
 class KVBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash", "key")
 
@@ -61,7 +67,7 @@ class BlockManager:
         hashes = request.block_hashes
         tokens = request.all_token_ids
         for i in range(len(hashes), len(tokens) // bs):
-            parent = hashes[-1] if hashes else _ROOT_HASH
+            parent = hashes[-1] if hashes else root_hash(request.lora_name)
             hashes.append(hash((parent, tuple(tokens[i * bs : (i + 1) * bs]))))
         return hashes
 
@@ -76,7 +82,7 @@ class BlockManager:
         if block_id is None:
             return None
         bs = self.block_size
-        parent = request.block_hashes[index - 1] if index else _ROOT_HASH
+        parent = request.block_hashes[index - 1] if index else root_hash(request.lora_name)
         key = (parent, tuple(request.all_token_ids[index * bs : (index + 1) * bs]))
         return block_id if self.blocks[block_id].key == key else None
 
@@ -144,7 +150,7 @@ class BlockManager:
             block = self.blocks[held[i]]
             if block.block_hash is not None or hashes[i] in self.cached:
                 continue  # already cached (a hit), or the same content lives in another block
-            parent = hashes[i - 1] if i else _ROOT_HASH
+            parent = hashes[i - 1] if i else root_hash(request.lora_name)
             block.block_hash = hashes[i]
             block.key = (parent, tuple(request.all_token_ids[i * bs : (i + 1) * bs]))
             self.cached[hashes[i]] = block.block_id

@@ -55,6 +55,7 @@ class Request:
     swap_blocks: list[int] = field(default_factory=list)  # CPU swap-pool blocks while SWAPPED
     spec_token_ids: list[int] = field(default_factory=list)  # draft tokens the next step verifies
     stop_reason: int | str | None = None
+    lora_name: str | None = None  # the LoRA adapter it runs with; None: the base model
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
