@@ -86,6 +86,10 @@ class EngineConfig:
                                choices=PREEMPTION_MODES, crd="engine.preemptionMode")
     swap_space: float = arg(4.0, "--swap-space", "GiB of CPU memory for swapped KV blocks",
                             type=float, crd="engine.swapSpaceGiB")
+    kv_offloading_size: float = arg(0.0, "--kv-offloading-size",
+                                    "GiB of host memory for the prefix cache's host tier (evicted "
+                                    "cached KV blocks, pulled back on a prefix match); 0: off",
+                                    type=float)
     gpu_memory_utilization: float = arg(0.90, "--gpu-memory-utilization",
                                         "share of the GPU's memory the engine may use",
                                         type=float, crd="resources.gpuMemoryUtilization")
@@ -181,6 +185,12 @@ class EngineConfig:
             raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= 1")
         if self.swap_space < 0:
             raise ConfigError(f"--swap-space {self.swap_space} must be >= 0")
+        if not self.kv_offloading_size >= 0:
+            raise ConfigError(f"--kv-offloading-size {self.kv_offloading_size} must be >= 0")
+        if self.kv_offloading_size > 0 and not self.enable_prefix_caching:
+            raise ConfigError("--kv-offloading-size needs --enable-prefix-caching (it is the prefix cache's host tier)")
+        if self.kv_offloading_size > 0 and self.tensor_parallel_size > 1:
+            raise ConfigError("--kv-offloading-size is not supported with --tensor-parallel-size > 1")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"--kv-cache-memory-gib {self.kv_cache_memory_gib} must be > 0")
         if self.max_step_ms is not None and (self.max_step_ms < 0 or self.max_step_ms != self.max_step_ms):

@@ -102,6 +102,10 @@ class ServerMetrics:
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.external_prefix_hits = counter(
+            "vllm:external_prefix_cache_hits",
+            "Prefix cache hits served by the host tier (--kv-offloading-size), in tokens.",
+        )
         success = Counter(
             "vllm:request_success", "Count of finished requests by finish reason.",
             ["model_name", "finished_reason"], registry=r,
@@ -135,6 +139,7 @@ class ServerMetrics:
         self.preemptions.inc(max(0, stats.num_preemptions - last.num_preemptions))
         self.prefix_queries.inc(max(0, stats.prefix_queries - last.prefix_queries))
         self.prefix_hits.inc(max(0, stats.prefix_hits - last.prefix_hits))
+        self.external_prefix_hits.inc(max(0, stats.prefix_host_hits - last.prefix_host_hits))
         if stats.step_tokens:
             self.iteration_tokens.observe(stats.step_tokens)
         self.advisor.on_engine_totals(stats)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from llmservice.server.engine.host_tier import HostTier
 from llmservice.server.engine.request import Request
 
 _ROOT_HASH = hash(("llmservice-prefix-root",))
@@ -44,6 +45,14 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.req_blocks: dict[str, list[int]] = {}
         self.req_num_hashed: dict[str, int] = {}
+        # the host tier (host_tier.py), when --kv-offloading-size is set: evicted cached
+        # blocks are copied there (pending_offloads: device block, host block) and pulled
+        # back on a prefix match (pending_restores: host block, device block); the engine
+        # runs both lists before the step as the step's swap-outs / swap-ins
+        self.host_tier: HostTier | None = None
+        self.pending_offloads: list[tuple[int, int]] = []
+        self.pending_restores: list[tuple[int, int]] = []
+        self.restored_tokens: dict[str, int] = {}  # request -> prefix tokens the host tier supplied
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -100,6 +109,51 @@ class BlockManager:
             hits.append(block_id)
         return hits, len(hits) * self.block_size
 
+    def restore_from_host(self, request: Request) -> int:
+        """Pull the blocks after the request's device-cached prefix back from the host tier
+        into free device blocks, registered as cached (ref 0), so that the next
+        get_computed_blocks finds them; the copies are queued in pending_restores. The
+        device prefix and the restored blocks go to the LRU end of the free queue, and at
+        most as many blocks are restored as leave them there, so restoring never evicts
+        its own prefix. Returns the number of tokens restored."""
+        if self.host_tier is None or not self.enable_prefix_caching:
+            return 0
+        self._update_hashes(request)
+        bs = self.block_size
+        limit = min((request.num_tokens - 1) // bs, len(request.block_hashes))
+        index, protected = 0, 0
+        while index < limit and (block_id := self._lookup(request, index)) is not None:
+            if self.blocks[block_id].ref_cnt == 0:
+                self.free_queue.move_to_end(block_id)
+                protected += 1
+            index += 1
+        restored = 0
+        while index < limit and self.num_free_blocks - protected - restored > 0:
+            parent = request.block_hashes[index - 1] if index else root_hash(request.lora_name)
+            block_hash = request.block_hashes[index]
+            key = (parent, tuple(request.all_token_ids[index * bs : (index + 1) * bs]))
+            if self.host_tier.lookup(block_hash, key) is None:
+                break
+            host_block = self.host_tier.restore(block_hash)
+            block_id = self._pop_free()
+            block = self.blocks[block_id]
+            block.ref_cnt = 0
+            block.block_hash, block.key = block_hash, key
+            self.cached[block_hash] = block_id
+            self.free_queue[block_id] = None
+            self.pending_restores.append((host_block, block_id))
+            restored += 1
+            index += 1
+        if restored:
+            self.restored_tokens[request.request_id] = self.restored_tokens.get(request.request_id, 0) + restored * bs
+        return restored * bs
+
+    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The host-tier copies queued since the last call: (offloads, restores)."""
+        copies = (self.pending_offloads, self.pending_restores)
+        self.pending_offloads, self.pending_restores = [], []
+        return copies
+
     # ---- allocation ------------------------------------------------------------------
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None
@@ -129,6 +183,10 @@ class BlockManager:
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict the cached contents (LRU)
+            if self.host_tier is not None and block.key is not None:
+                host_block = self.host_tier.offload(block.block_hash, block.key)
+                if host_block is not None:
+                    self.pending_offloads.append((block_id, host_block))
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
             block.block_hash = None

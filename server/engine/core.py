@@ -58,6 +58,7 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
         num_preemptions=sched.num_preemptions,
         prefix_queries=sched.prefix_queries,
         prefix_hits=sched.prefix_hits,
+        prefix_host_hits=sched.prefix_host_hits,
         prefix_potential_hits=sched.prefix_potential_hits,
         detokenize_seconds=engine.detokenize_seconds,
         preempted_tokens_recompute=sched.preempted_tokens_recompute,

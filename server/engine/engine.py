@@ -22,6 +22,7 @@ from llmservice.server.engine import (
 from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.engine.cost_model import StepCostModel, StepShape
 from llmservice.server.engine.grammar import GrammarCompilerService, GrammarStates
+from llmservice.server.engine.host_tier import HostTier
 from llmservice.server.engine.outputs import Delta, Detokenizer, RequestOutput
 from llmservice.server.engine.request import Request, RequestStatus, TokenLogprob
 from llmservice.server.engine.runner import ModelRunner, StepResult
@@ -128,6 +129,13 @@ class LLMEngine:
             self.swap_space, self.swap_pools = startup.allocate_swap_space(
                 config, self.runner.kv_caches, memory_plan.kv_bytes_per_token
             )
+            if config.kv_offloading_size > 0:
+                self.block_manager.host_tier = HostTier(
+                    self.swap_space,
+                    memory.blocks_for_budget(
+                        int(config.kv_offloading_size * memory.GIB), memory_plan.kv_bytes_per_token, config.block_size
+                    ),
+                )
         else:  # tensor-parallel ranks (tp_executor.py) hold the KV and swap pools
             self.runner = runner
             self.swap_space, self.swap_pools = SwapSpace(runner.num_swap_blocks), []
@@ -270,6 +278,8 @@ class LLMEngine:
         if sched.swap_in:
             src, dst = zip(*sched.swap_in, strict=True)
             copy_blocks(self.swap_pools, device_pools, list(src), list(dst)).wait()
+        if self.block_manager.host_tier is not None:
+            self.block_manager.host_tier.step_done()
 
     @property
     def num_swapped(self) -> int:

@@ -96,7 +96,8 @@ class EngineStats:
     cpu_cache_usage: float = 0.0
     num_preemptions: int = 0  # cumulative
     prefix_queries: int = 0  # cumulative, tokens
-    prefix_hits: int = 0  # cumulative, tokens
+    prefix_hits: int = 0  # cumulative, tokens, device tier
+    prefix_host_hits: int = 0  # cumulative, tokens, host tier (--kv-offloading-size)
     prefix_potential_hits: int = 0  # cumulative, tokens a prefix cache would have served
     detokenize_seconds: float = 0.0  # cumulative, in the engine's incremental detokenizer
     # cumulative computed tokens of preempted requests, by the mode that handled them

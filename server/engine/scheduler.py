@@ -74,7 +74,8 @@ class SchedulerStats:
     num_swap_outs: int = 0
     num_swap_ins: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
-    prefix_hits: int = 0  # of which found
+    prefix_hits: int = 0  # of which found in the device pool
+    prefix_host_hits: int = 0  # of which brought back from the host tier (--kv-offloading-size)
     prefix_potential_hits: int = 0  # prompt tokens a prefix cache would have served (on or off)
     # computed tokens the preempted requests held: what recompute re-prefills, what swap copies
     preempted_tokens_recompute: int = 0
@@ -154,6 +155,8 @@ class Scheduler:
         victim.num_preemptions += 1
         self.stats.num_preemptions += 1
         n_blocks = self.bm.blocks_needed(victim.num_computed_tokens)
+        if self.bm.host_tier is not None and n_blocks > self.swap_space.num_free:
+            self.bm.host_tier.reclaim(n_blocks - self.swap_space.num_free)  # preemption comes first
         mode = policy.choose_preemption(
             self.config.preemption_mode,
             victim.num_computed_tokens,
@@ -185,6 +188,8 @@ class Scheduler:
             return False
         device_blocks = self.bm.block_ids(req.request_id)[: len(req.swap_blocks)]
         out.swap_in.extend(zip(req.swap_blocks, device_blocks, strict=True))
+        if self.bm.host_tier is not None:
+            self.bm.host_tier.pin(req.swap_blocks)  # read by this step's swap-in
         self.swap_space.free(req.swap_blocks)
         req.swap_blocks = []
         self.swapped.remove(req)
@@ -238,6 +243,9 @@ class Scheduler:
                 if not self.swapped:
                     self._admit_waiting(plan, now)
         out.preempted_request_ids = [r.request_id for r in plan.preempted]
+        offloads, restores = self.bm.take_copies()  # the host tier's, after the preemption swaps
+        out.swap_out.extend(offloads)
+        out.swap_in.extend(restores)
         by_id = {r.request_id: r for r in self.running}
         out.scheduled = [
             self._describe(by_id[rid], n, plan.table_starts[rid], out)
@@ -313,6 +321,7 @@ class Scheduler:
             )
             if req is None:
                 break
+            self.bm.restore_from_host(req)
             hits, num_cached = self.bm.get_computed_blocks(req)
             num_new = self._known(req) - num_cached
             if num_new > plan.budget:
@@ -351,7 +360,9 @@ class Scheduler:
             self._count_potential_hits(req)
         if self.bm.enable_prefix_caching:
             self.stats.prefix_queries += req.num_tokens
-            self.stats.prefix_hits += num_cached
+            from_host = min(self.bm.restored_tokens.pop(req.request_id, 0), num_cached)
+            self.stats.prefix_hits += num_cached - from_host  # the device tier's
+            self.stats.prefix_host_hits += from_host
         plan.add(req, num_new, 0)
         return True
 
@@ -494,6 +505,7 @@ class Scheduler:
                 room, (r for r in self.waiting if self._can_admit(r)), key=key
             )
             for req in waiting:
+                self.bm.restore_from_host(req)
                 _, num_cached = self.bm.get_computed_blocks(req)
                 needs.append((self._known(req) - num_cached, num_cached))
         # prefill within target / margin: mixed steps have been running that much over the fit
@@ -520,6 +532,7 @@ class Scheduler:
                 if len(self.running) >= cfg.max_num_seqs or plan.budget <= 0:
                     break
                 # looked up again: an admission just before may have evicted cached blocks
+                self.bm.restore_from_host(req)
                 hits, num_cached = self.bm.get_computed_blocks(req)
                 num_new = min(tokens, self._known(req) - num_cached, plan.budget)
                 if not self._admit(req, num_new, hits, num_cached, plan, now):

@@ -13,6 +13,7 @@ import torch
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import CPU_KV_CACHE_GIB, EngineConfig
 from llmservice.server.engine import memory, spec_draft
+from llmservice.server.engine.host_tier import available_host_bytes, check_offload_fits
 from llmservice.server.engine.measure_key import measurement_key
 from llmservice.server.engine.runner import allocate_kv_caches
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace, fit_costs
@@ -91,14 +92,19 @@ def profile_activation_peak(config: EngineConfig, model: LlamaModel) -> int:
 def allocate_swap_space(
     config: EngineConfig, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], kv_per_token_bytes: int
 ) -> tuple[SwapSpace, list[torch.Tensor]]:
-    """CPU pools mirroring the device pools, sized by --swap-space (only for swap/auto)."""
-    if config.preemption_mode == "recompute" or config.swap_space <= 0:
+    """CPU pools mirroring the device pools, one host pool shared by swap preemption
+    (--swap-space, only for swap/auto) and the prefix cache's host tier (--kv-offloading-size)."""
+    swap_gib = 0.0 if config.preemption_mode == "recompute" else config.swap_space
+    host_gib = swap_gib + config.kv_offloading_size
+    if host_gib <= 0:
         return SwapSpace(0), []
-    num_blocks = memory.blocks_for_budget(int(config.swap_space * memory.GIB), kv_per_token_bytes, config.block_size)
+    check_offload_fits(config.kv_offloading_size, swap_gib, available_host_bytes())
+    num_blocks = memory.blocks_for_budget(int(host_gib * memory.GIB), kv_per_token_bytes, config.block_size)
     device_pools = kv_pools(kv_caches)
     pin = device_pools[0].device.type == "cuda"
     pools = [torch.zeros((num_blocks, *pool.shape[1:]), dtype=pool.dtype, pin_memory=pin) for pool in device_pools]
-    log.info("swap space: %d CPU blocks (%.2f GiB)", num_blocks, config.swap_space)
+    log.info("host KV pool: %d blocks (%.2f GiB: swap %.2f, prefix host tier %.2f)",
+             num_blocks, host_gib, swap_gib, config.kv_offloading_size)
     return SwapSpace(num_blocks), pools
 
 
