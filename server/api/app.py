@@ -12,15 +12,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from llmservice.server.api import sleep_routes
 from llmservice.server.api.chat import create_chat_completion
 from llmservice.server.api.completions import create_completion
 from llmservice.server.api.errors import APIError, describe_validation_errors, error_response
 from llmservice.server.api.guards import APIKeyMiddleware, BodyLimitMiddleware
 from llmservice.server.api.loop_probe import probe_event_loop
+from llmservice.server.api.openapi_limits import with_server_limits
 from llmservice.server.api.protocol import (
     ERROR_RESPONSES,
+    HEALTH_RESPONSES,
+    METRICS_RESPONSES,
+    PROMETHEUS_TEXT,
+    UNAVAILABLE_RESPONSES,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -28,6 +33,7 @@ from llmservice.server.api.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ModelList,
+    TokenizeChatRequest,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -107,9 +113,7 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
     async def tokenize(body: TokenizeRequest):
         state.check_model(body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise APIError(400, "give exactly one of prompt or messages", "prompt")
-        if body.messages is not None:
+        if isinstance(body, TokenizeChatRequest):
             tokens = await state.tokenizer.encode_chat(message_dicts(body.messages), body.add_generation_prompt)
         else:
             tokens = await state.tokenizer.encode(body.prompt, body.add_special_tokens)
@@ -121,14 +125,14 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
         return {"prompt": await state.tokenizer.decode(body.tokens)}
 
     # ---- operations ---------------------------------------------------------------------------
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses=HEALTH_RESPONSES)
     async def health():
         """Liveness: the process answers and its engine core is alive."""
         if state.engine.dead is not None:
             return error_response(503, f"the engine is not running: {state.engine.dead}")
         return Response(status_code=200)
 
-    @app.get("/ready")
+    @app.get("/ready", responses=UNAVAILABLE_RESPONSES)
     async def ready():
         """Readiness: accepting new requests (turns 503 as soon as draining starts)."""
         if state.draining:
@@ -141,8 +145,10 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     async def version():
         return {"version": llmservice.__version__}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
     async def prometheus_metrics():
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    with_server_limits(app, state)
 
     return app

@@ -26,6 +26,26 @@ MAX_PROMPTS = 2048  # prompts of one batched completion request
 LOGIT_BIAS_MIN, LOGIT_BIAS_MAX = -100, 100  # OpenAI's range
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+# Accepted but not implemented: only the no-op value passes (params.py says why in the 400).
+ONLY_ZERO = {"enum": [0, None]}
+ONLY_EMPTY = {"maxProperties": 0}
+
+
+def requires_when_set(field: str, needs: str, value: Any) -> dict[str, Any]:
+    """JSON Schema for a rule between two fields: `field` set (not null) needs `needs` == value."""
+    return {
+        "if": {"required": [field], "properties": {field: {"not": {"type": "null"}}}},
+        "then": {"required": [needs], "properties": {needs: {"const": value}}},
+    }
+
+
+def schema_rules(*rules: dict[str, Any]):
+    """A json_schema_extra that adds cross-field rules (allOf of if/then) to a model's schema."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["allOf"] = [*schema.get("allOf", []), *rules]
+
+    return extra
 
 
 class APIModel(BaseModel):
@@ -90,19 +110,29 @@ class SamplingFields(RequestModel):
         0, ge=INT32_MIN, le=INT32_MAX,
         description="vLLM semantics: lower is handled earlier; non-zero needs --scheduling-policy priority",
     )
-    presence_penalty: float | None = Field(None, description="accepted only as 0 (not implemented)")
-    frequency_penalty: float | None = Field(None, description="accepted only as 0 (not implemented)")
+    presence_penalty: float | None = Field(
+        None, description="accepted only as 0 (not implemented)", json_schema_extra=ONLY_ZERO
+    )
+    frequency_penalty: float | None = Field(
+        None, description="accepted only as 0 (not implemented)", json_schema_extra=ONLY_ZERO
+    )
     logit_bias: dict[str, Annotated[int, Field(ge=LOGIT_BIAS_MIN, le=LOGIT_BIAS_MAX)]] | None = Field(
-        None, description="token id -> bias in [-100, 100]; accepted only empty (not implemented)"
+        None, description="token id -> bias in [-100, 100]; accepted only empty (not implemented)",
+        json_schema_extra=ONLY_EMPTY,
     )
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extra: json, regex, choice or grammar")
 
 
+STREAM_OPTIONS_NEED_STREAM = requires_when_set("stream_options", "stream", True)
+
+
 class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(json_schema_extra=schema_rules(STREAM_OPTIONS_NEED_STREAM))
+
     prompt: (
-        str
+        Annotated[str, Field(min_length=1)]
         | Annotated[list[int], Field(min_length=1)]
         | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
@@ -111,8 +141,8 @@ class CompletionRequest(SamplingFields):
         None, ge=1, le=INT32_MAX, description="default 16 (OpenAI's), or the server's --max-tokens-default"
     )
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = Field(False, description="not supported; must be false")
-    suffix: str | None = Field(None, description="not supported; must be absent")
+    echo: bool = Field(False, description="not supported; must be false", json_schema_extra={"const": False})
+    suffix: str | None = Field(None, description="not supported; must be absent", json_schema_extra={"type": "null"})
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="only best_of == n is supported")
 
 
@@ -153,7 +183,16 @@ class ToolCall(RequestModel):
     function: FunctionCall
 
 
+NOT_NULL = {"not": {"type": "null"}}
+
+
 class AssistantMessage(RequestModel):
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["content"], "properties": {"content": NOT_NULL}},
+        {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array", "minItems": 1}}},
+        {"required": ["function_call"], "properties": {"function_call": NOT_NULL}},
+    ]})
+
     role: Literal["assistant"]
     content: Content | None = None
     name: str | None = None
@@ -208,6 +247,10 @@ class NamedToolChoice(RequestModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(json_schema_extra=schema_rules(
+        STREAM_OPTIONS_NEED_STREAM, requires_when_set("top_logprobs", "logprobs", True)
+    ))
+
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
@@ -221,12 +264,20 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
 
 
-class TokenizeRequest(RequestModel):
+class TokenizeCompletionRequest(RequestModel):
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: str
     add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(RequestModel):
+    model: str | None = None
+    messages: list[ChatMessage]
     add_generation_prompt: bool = True
+
+
+# vLLM's shape: a prompt or chat messages (a body with both is read as the prompt).
+TokenizeRequest = Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Field(union_mode="left_to_right")]
 
 
 class DetokenizeRequest(RequestModel):
@@ -345,4 +396,18 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "unknown model"},
     413: {"model": ErrorResponse, "description": "request body larger than --max-request-body-bytes"},
     503: {"model": ErrorResponse, "description": "queue full (see Retry-After) or draining for shutdown"},
+}
+
+# ---- operations endpoints: what each answers, media type included -------------------------
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+UNAVAILABLE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorResponse, "description": "the engine is not running (or, for /ready, draining)"},
+}
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "alive; the body is empty (as vLLM's)", "content": {}},
+    **UNAVAILABLE_RESPONSES,
+}
+METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Prometheus text exposition format 0.0.4",
+          "content": {"text/plain": {"schema": {"type": "string"}}}},
 }
