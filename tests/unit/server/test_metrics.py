@@ -20,7 +20,7 @@ GAUGES = {
 }
 COUNTERS = {
     "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits", "vllm:request_success",
+    "vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits", "vllm:request_success",
     # speculative decoding (vLLM v1's names; zero until a speculator runs)
     "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos",
