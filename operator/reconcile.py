@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmservice.operator import lws_support
+from llmservice.operator import gateway_support, lws_support
 from llmservice.operator import render as r
 from llmservice.operator.engine_support import (
     SUPPORTED,
@@ -49,6 +49,8 @@ PLURALS = {
     "ServiceAccount": "serviceaccounts",  # the router's (render_router.py)
     "Role": "roles",
     "RoleBinding": "rolebindings",
+    "InferencePool": "inferencepools",  # spec.gateway.inferencePool (render_gateway.py)
+    "InferenceObjective": "inferenceobjectives",
 }
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1"
 
@@ -96,6 +98,8 @@ def checks(owner: r.Owner, spec: LLMServiceSpec, options: Options) -> Checks:
     support = check_engine(owner, spec, ceiling)
     if support.supported and spec.multi_node:
         support = lws_support.support()  # LeaderWorkerSetMissing once discovery said so
+    if support.supported and spec.gateway.inference_pool:
+        support = gateway_support.support()  # InferencePoolMissing once discovery said so
     hub = None
     if options.shapes is not None and resolve_architecture(spec) is None:
         hub = options.shapes.lookup(owner.namespace, spec.model)  # cached; bounded wait
@@ -150,6 +154,8 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
     spec = LLMServiceSpec.from_dict(body["spec"])
     if spec.multi_node:
         lws_support.probe(kube)
+    if spec.gateway.inference_pool:
+        gateway_support.probe(kube)
     verdict = checks(owner, spec, options)
     fit, support = verdict.fit, verdict.support
     deployment_path = path_for("apps/v1", "deployments", owner.namespace, owner.name)

@@ -8,6 +8,7 @@ and a rollout that never takes a serving pod down before its replacement is read
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -51,10 +52,11 @@ class Manifests:
     service_monitor: dict[str, Any] | None
     network_policy: dict[str, Any] | None = None  # spec.networkPolicy.enabled
     router: tuple[dict[str, Any], ...] = ()  # spec.router.enabled (render_router.py)
+    gateway: tuple[dict[str, Any], ...] = ()  # spec.gateway.inferencePool (render_gateway.py)
 
     def all(self) -> list[dict[str, Any]]:
         children = (self.deployment, self.service, self.pdb, self.service_monitor, self.network_policy)
-        return [m for m in children if m] + list(self.router)
+        return [m for m in children if m] + list(self.router) + list(self.gateway)
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -89,14 +91,16 @@ def render(
     _engine_dispatch: bool = True,
 ) -> Manifests:
     if _engine_dispatch and spec.engine.kind == "vllm":  # stock vLLM: render_vllm.py
+        from llmservice.operator.render_gateway import render_gateway
         from llmservice.operator.render_vllm import render_vllm
 
-        return render_vllm(
+        rendered = render_vllm(
             owner,
             spec,
             max_gpu_memory_utilization=max_gpu_memory_utilization,
             with_service_monitor=with_service_monitor,
         )
+        return dataclasses.replace(rendered, gateway=render_gateway(owner, spec.gateway, spec.multi_node))
     service, router = render_service(owner), ()
     if spec.router.enabled and not spec.multi_node:  # the Service fronts the router, it the pods
         from llmservice.operator.render_router import render_router
@@ -109,7 +113,14 @@ def render(
         pdb=render_pdb(owner) if spec.replicas > 1 else None,
         service_monitor=render_service_monitor(owner) if with_service_monitor else None,
         network_policy=render_network_policy(_metadata(owner), selector_labels(owner.name), PORT, spec.network_policy),
+        gateway=_gateway(owner, spec),
     )
+
+
+def _gateway(owner: Owner, spec: LLMServiceSpec) -> tuple[dict[str, Any], ...]:
+    from llmservice.operator.render_gateway import render_gateway
+
+    return render_gateway(owner, spec.gateway, spec.multi_node)
 
 
 def _metadata(owner: Owner) -> dict[str, Any]:

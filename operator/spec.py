@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmservice.operator.catalog import Architecture
+from llmservice.operator.gateway_spec import GatewaySpec
 from llmservice.operator.network_policy import NetworkPolicySpec
 from llmservice.operator.router_spec import RouterSpec
 from llmservice.server.cli_args import BY_NAME
@@ -282,6 +283,7 @@ class LLMServiceSpec:
     replicas: int = 1
     network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
     router: RouterSpec = field(default_factory=RouterSpec)  # router_spec.py, render_router.py
+    gateway: GatewaySpec = field(default_factory=GatewaySpec)  # render_gateway.py
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LLMServiceSpec:
@@ -293,6 +295,7 @@ class LLMServiceSpec:
             scheduling=SchedulingSpec.from_dict(data.get("scheduling")),
             replicas=_get(data, "replicas", 1),
             router=RouterSpec.from_dict(data),
+            gateway=GatewaySpec.from_dict(data.get("gateway")),
         )
 
     @property

@@ -32,6 +32,7 @@ REFUSED = {
     "llama-3-8b": None,  # hf://: the server downloads it at start
     "llama-3-70b-tp4": None,  # the bundled engine shards it over 4 ranks (server/engine/tp_*.py)
     "qwen2.5-7b": None,  # hf://, no token: the server downloads it at start
+    "llama-3-8b-inference-pool": None,  # hf://; spec.gateway adds an InferencePool (render_gateway.py)
 }
 
 
