@@ -171,7 +171,7 @@ def test_multi_node_vllm_waits_for_the_lws_crd_then_applies_a_leader_worker_set(
         lambda: condition(kube_api, namespace, name, "Ready").get("reason")
         == "LeaderWorkerSetMissing",
         what="Ready=False LeaderWorkerSetMissing",
-        timeout=60,
+        timeout=180,
     )
     message = condition(kube_api, namespace, name, "Ready")["message"]
     assert "kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/releases" in message
@@ -192,13 +192,13 @@ def test_multi_node_vllm_waits_for_the_lws_crd_then_applies_a_leader_worker_set(
                 return None
 
         wait_for(lambda: (group() or {}).get("spec", {}).get("replicas") == 2,
-                 what="the LeaderWorkerSet with 2 groups", timeout=60)  # fmt: skip
+                 what="the LeaderWorkerSet with 2 groups", timeout=180)  # fmt: skip
         assert group()["spec"]["leaderWorkerTemplate"]["size"] == 2
         wait_for(
             lambda: condition(kube_api, namespace, name, "Ready").get("reason")
             != "LeaderWorkerSetMissing",
             what="LeaderWorkerSetMissing cleared",
-            timeout=60,
+            timeout=180,
         )
         # Back within one node (16-GPU nodes): a Deployment again, and the LWS deleted.
         back = {"spec": {"resources": {"gpu": {"perNode": 16}}}}
@@ -209,7 +209,7 @@ def test_multi_node_vllm_waits_for_the_lws_crd_then_applies_a_leader_worker_set(
         wait_for(
             lambda: group() is None and apps.list_namespaced_deployment(namespace).items,
             what="the Deployment back and the LeaderWorkerSet deleted",
-            timeout=60,
+            timeout=180,
         )
         assert not [f for f in operator.forbidden() if "leaderworkersets" in f]
     finally:
