@@ -62,6 +62,7 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     app.state.server = state
     app.state.metrics = metrics
     app.include_router(sleep_routes.router)
+    app.include_router(sleep_routes.controls, include_in_schema=state.engine.config.enable_sleep_mode)
     # Added last = runs first: the key is checked before the body is looked at.
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_request_body_bytes)
     if state.api_key is not None:

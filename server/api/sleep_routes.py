@@ -1,7 +1,11 @@
 """Sleep mode's endpoints, with vLLM's names: POST /sleep?level=1|2, POST /wake_up,
 GET /is_sleeping. While asleep (and from the moment /sleep is called), generation
 requests are answered 503 with Retry-After rather than held: a router or autoscaler that
-sees it calls /wake_up (docs/cold-start.md)."""
+sees it calls /wake_up (docs/cold-start.md).
+
+/sleep and /wake_up are in `controls`, which the app leaves out of /openapi.json unless
+--enable-sleep-mode is on: without it they only answer 400 (naming the flag), and the
+document lists what the server can do. /is_sleeping works either way."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from llmservice.server.api.errors import APIError
 from llmservice.server.api.protocol import APIModel, ErrorResponse
 
 router = APIRouter(tags=["sleep mode"])
+controls = APIRouter(tags=["sleep mode"])
 
 
 class SleepStatus(APIModel):
@@ -22,7 +27,7 @@ class SleepStatus(APIModel):
 
 _JSON = "application/json"
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "sleep mode is off (--enable-sleep-mode) or a bad level",
+    400: {"model": ErrorResponse, "description": "a bad level (or sleep mode is off: --enable-sleep-mode)",
           "content": {_JSON: {}}},
     401: {"model": ErrorResponse, "description": "missing or wrong API key (--api-key)", "content": {_JSON: {}}},
     503: {"model": ErrorResponse, "description": "the engine is not running, or a wake-up failed",
@@ -38,7 +43,7 @@ def _engine(raw: Request) -> Any:
     return engine
 
 
-@router.post("/sleep", response_model=SleepStatus, responses={**_OK, **_ERRORS})
+@controls.post("/sleep", response_model=SleepStatus, responses={**_OK, **_ERRORS})
 async def sleep(raw: Request, level: int = Query(1, ge=1, le=2, description="1: KV freed, weights to host memory; "
                                                                             "2: weights discarded too")):
     """Free the device's memory once the running requests finish; answers when asleep."""
@@ -48,7 +53,7 @@ async def sleep(raw: Request, level: int = Query(1, ge=1, le=2, description="1: 
     return SleepStatus(is_sleeping=answer.level > 0, level=answer.level, seconds=answer.seconds)
 
 
-@router.post("/wake_up", response_model=SleepStatus, responses={**_OK, **_ERRORS})
+@controls.post("/wake_up", response_model=SleepStatus, responses={**_OK, **_ERRORS})
 async def wake_up(raw: Request):
     """Restore the weights and the KV pool; answers when the engine can serve again."""
     answer = await _engine(raw).wake_up()
