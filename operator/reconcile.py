@@ -178,6 +178,8 @@ def reconcile(body: dict[str, Any], kube: Kube, options: Options, emit: Emit) ->
         applied.setdefault(m["kind"], apply_child(kube, m, emit))
     if not manifests.router:
         delete_router(owner, kube, emit)
+    if not manifests.gateway:
+        delete_gateway(owner, kube, emit)
     if manifests.pdb is None:
         pdb_path = path_for("policy/v1", "poddisruptionbudgets", owner.namespace, owner.name)
         if kube.delete(pdb_path) is not None:
@@ -206,6 +208,20 @@ def delete_router(owner: r.Owner, kube: Kube, emit: Emit) -> None:
     for api_version, plural, name in children:
         if kube.delete(path_for(api_version, plural, owner.namespace, name)) is not None:
             emit("Normal", "Deleted", f"Deleted {plural.removesuffix('s')} {name} (spec.router disabled)")
+
+
+def delete_gateway(owner: r.Owner, kube: Kube, emit: Emit) -> None:
+    """spec.gateway.inferencePool off (or never on): remove an earlier objective and pool,
+    so the gateway stops sending this model's traffic to pods that left the pool."""
+    from llmservice.operator.render_gateway import gateway_children
+
+    children = gateway_children(owner)
+    api_version, kind, name = children[-1]  # the pool: applied first, deleted last
+    if kube.get(path_for(api_version, PLURALS[kind], owner.namespace, name)) is None:
+        return  # one read per reconcile when there never was a pool (or no such CRD)
+    for api_version, kind, name in children:
+        if kube.delete(path_for(api_version, PLURALS[kind], owner.namespace, name)) is not None:
+            emit("Normal", "Deleted", f"Deleted {kind} {name} (spec.gateway.inferencePool disabled)")
 
 
 def fresher(

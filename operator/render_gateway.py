@@ -87,6 +87,11 @@ def render_inference_objective(owner: r.Owner, gateway: GatewaySpec) -> dict[str
     }
 
 
+def gateway_children(owner: r.Owner) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of each gateway child, the objective (which names the pool) first."""
+    return [(OBJECTIVE_API_VERSION, OBJECTIVE_KIND, owner.name), (POOL_API_VERSION, POOL_KIND, owner.name)]
+
+
 def render_gateway(owner: r.Owner, gateway: GatewaySpec, multi_node: bool) -> tuple[dict[str, Any], ...]:
     """The pool and its objective, or nothing when the object is not a pool member."""
     if not gateway.inference_pool:

@@ -105,6 +105,14 @@ llmservices/scale and reads pods (it scrapes their /metrics over plain HTTP, no 
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch, delete]
+# spec.gateway.inferencePool (docs/gateway.md): the InferencePool and InferenceObjective
+# are applied when on, deleted when off; the operator never lists or watches them.
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch, delete]
+- apiGroups: [inference.networking.x-k8s.io]
+  resources: [inferenceobjectives]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]

@@ -54,6 +54,9 @@ OPERATOR_RULES = {
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
     # spec.networkPolicy: applied when enabled, deleted when disabled
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
+    # spec.gateway.inferencePool (docs/gateway.md): applied when on, deleted when off
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch", "delete"},
+    ("inference.networking.x-k8s.io", "inferenceobjectives"): {"get", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"create"},
     # the VRAM check of an hf:// model reads its token Secret (by name)

@@ -26,6 +26,7 @@ import yaml
 
 from tests.support.clients import Kubectl, wait_until
 from tests.support.cluster import Cluster
+from tests.support.gateway_crds import gateway_crd
 from tests.support.kubelet import Node
 from tests.support.lws_crd import lws_crd
 from tests.support.operator_process import free_port
@@ -322,6 +323,8 @@ def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: P
         k = op.kubectl
         k.ext.create_custom_resource_definition(SERVICE_MONITOR_CRD)  # Prometheus Operator
         k.ext.create_custom_resource_definition(lws_crd())  # LeaderWorkerSet, pinned in hack/
+        for kind in ("InferencePool", "InferenceObjective"):  # pinned in hack/fetch-gateway-crds.sh
+            k.ext.create_custom_resource_definition(gateway_crd(kind))
         serve_example(k)
         # A vllm replica past one node is a LeaderWorkerSet group, scaled by its replicas.
         k.apply(MULTINODE)
@@ -342,6 +345,13 @@ def test_cluster_wide_install_runs_with_exactly_its_rbac(helm: Helm, tmp_path: P
         wait_until(lambda: k.get(policy), timeout=60)
         k.patch_llms("smollm2", {"spec": {"networkPolicy": {"enabled": False}}})  # it goes again
         wait_until(lambda: k.get(policy) is None, timeout=60)
+        # A gateway pool member (docs/gateway.md): its pool and objective applied, then deleted.
+        pool = "/apis/inference.networking.k8s.io/v1/namespaces/default/inferencepools/smollm2"
+        objective = "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/default/inferenceobjectives/smollm2"
+        k.patch_llms("smollm2", {"spec": {"gateway": {"inferencePool": True}}})
+        wait_until(lambda: k.get(pool) and k.get(objective), timeout=60)
+        k.patch_llms("smollm2", {"spec": {"gateway": {"inferencePool": False}}})
+        wait_until(lambda: k.get(pool) is None and k.get(objective) is None, timeout=60)
         uid = k.deployment("smollm2")["metadata"]["uid"]
         k.apps.delete_namespaced_deployment("smollm2", "default")  # drift: the operator repairs
         wait_until(

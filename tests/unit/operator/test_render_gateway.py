@@ -132,3 +132,55 @@ def test_missing_crds_refuse_the_rollout_with_the_install_command(probed):
 def test_pins_match_the_fetch_script():
     out = subprocess.run([str(ROOT / "hack/fetch-gateway-crds.sh"), "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [GIE_VERSION, GIE_OBJECTIVE_VERSION]
+
+
+class _Cluster:
+    """Just enough of Kube for reconcile(): objects by path, every API discoverable,
+    and the order of the deletes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    def apply(self, path: str, manifest: dict[str, Any], manager: str) -> dict[str, Any]:
+        stored = {**manifest, "metadata": {**manifest["metadata"], "generation": 1}}
+        self.objects[path] = stored
+        return stored
+
+    def delete(self, path: str) -> dict[str, Any] | None:
+        self.deleted.append(path)
+        return self.objects.pop(path, None)
+
+    def has_resource(self, api_version: str, plural: str) -> bool:
+        return True
+
+    def kinds(self) -> list[str]:
+        return sorted(o["kind"] for o in self.objects.values())
+
+
+def test_turning_the_pool_off_deletes_the_objective_then_the_pool(probed):
+    from llmservice.operator.reconcile import reconcile
+
+    obj = example(EXAMPLE)
+    obj["metadata"].update(namespace="default", uid=UID, generation=1)
+    kube, events = _Cluster(), []
+    reconcile(obj, kube, Options(), lambda *e: events.append(e))
+    assert {"InferencePool", "InferenceObjective"} <= set(kube.kinds())
+    pool = f"/apis/{POOL_API_VERSION}/namespaces/default/inferencepools/llama-3-8b-pool"
+    objective = f"/apis/{OBJECTIVE_API_VERSION}/namespaces/default/inferenceobjectives/llama-3-8b-pool"
+    assert kube.get(pool)["spec"]["selector"] and kube.get(objective)["spec"]["poolRef"]
+    assert pool not in kube.deleted and objective not in kube.deleted
+
+    obj["spec"]["gateway"]["inferencePool"] = False
+    reconcile(obj, kube, Options(), lambda *e: events.append(e))
+    assert "InferencePool" not in kube.kinds() and "InferenceObjective" not in kube.kinds()
+    assert [p for p in kube.deleted if "inference" in p] == [objective, pool]
+    assert ("Normal", "Deleted", "Deleted InferencePool llama-3-8b-pool (spec.gateway.inferencePool disabled)") in events
+    assert "Deployment" in kube.kinds()  # the model's own children stay
+
+    kube.deleted.clear()
+    reconcile(obj, kube, Options(), lambda *e: events.append(e))
+    assert not [p for p in kube.deleted if "inference" in p]  # nothing left: one read, no deletes
