@@ -215,3 +215,76 @@ def test_multi_node_vllm_waits_for_the_lws_crd_then_applies_a_leader_worker_set(
     finally:
         llms_api(kube_api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         remove_lws_crd(kube_api)
+
+
+def test_gateway_pool_member_waits_for_the_crds_then_owns_its_pool_and_objective(
+    operator: Operator, kube_api: client.ApiClient, kubectl: Callable[..., Any], namespace: str
+) -> None:
+    """spec.gateway.inferencePool without the Gateway API Inference Extension CRDs:
+    Ready=False InferencePoolMissing with the install command, no rollout. With them
+    (pinned, hack/fetch-gateway-crds.sh): the API server accepts the InferencePool and
+    InferenceObjective the operator applies, both owned by the LLMService, the pool
+    selecting the Deployment's pods; turned off, both are deleted; no 403 on the way."""
+    from llmservice.operator.render_gateway import GIE_INSTALL
+
+    from .gateway import install_gateway_crds, remove_gateway_crds
+
+    name = "pool-member"
+    body = gpu_llmservice(name)  # no GPU node here: the pods stay Pending, nothing runs
+    body["spec"]["gateway"] = {"inferencePool": True, "priority": 5}
+    llms_api(kube_api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    wait_for(
+        lambda: condition(kube_api, namespace, name, "Ready").get("reason") == "InferencePoolMissing",
+        what="Ready=False InferencePoolMissing",
+        timeout=60,
+    )
+    ready = condition(kube_api, namespace, name, "Ready")
+    assert ready["status"] == "False" and GIE_INSTALL in ready["message"]
+    apps = client.AppsV1Api(kube_api)
+    assert not apps.list_namespaced_deployment(namespace).items  # the rollout waits
+    install_gateway_crds(kubectl, kube_api)
+    try:
+        custom = client.CustomObjectsApi(kube_api)
+        pool_api = ("inference.networking.k8s.io", "v1", namespace, "inferencepools", name)
+        objective_api = ("inference.networking.x-k8s.io", "v1alpha2", namespace, "inferenceobjectives", name)
+
+        def read(api: tuple[str, ...]) -> dict[str, Any] | None:
+            try:
+                return custom.get_namespaced_custom_object(*api)
+            except client.ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        patch = {"spec": {"gateway": {"priority": 7}}}  # an edit: the reconcile that sees the CRDs
+        llms_api(kube_api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+        wait_for(lambda: (read(objective_api) or {}).get("spec", {}).get("priority") == 7,
+                 what="the InferenceObjective with priority 7", timeout=60)  # fmt: skip
+        pool, objective = read(pool_api), read(objective_api)
+        assert pool is not None and objective is not None
+        uid = llms_api(kube_api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)[
+            "metadata"
+        ]["uid"]
+        for child in (pool, objective):
+            (ref,) = child["metadata"]["ownerReferences"]
+            assert (ref["kind"], ref["uid"], ref["controller"]) == ("LLMService", uid, True)
+        (deployment,) = apps.list_namespaced_deployment(namespace).items
+        assert pool["spec"]["selector"]["matchLabels"] == deployment.spec.selector.match_labels
+        assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+        assert objective["spec"]["poolRef"] == {
+            "group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name,
+        }  # fmt: skip
+        wait_for(
+            lambda: condition(kube_api, namespace, name, "Ready").get("reason") != "InferencePoolMissing",
+            what="InferencePoolMissing cleared",
+            timeout=60,
+        )
+        off = {"spec": {"gateway": {"inferencePool": False}}}
+        llms_api(kube_api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, off)
+        wait_for(lambda: read(pool_api) is None and read(objective_api) is None,
+                 what="the pool and its objective deleted", timeout=60)  # fmt: skip
+        assert apps.list_namespaced_deployment(namespace).items  # the model itself stays
+        assert not [f for f in operator.forbidden() if "inference" in f]
+    finally:
+        llms_api(kube_api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        remove_gateway_crds(kube_api)
