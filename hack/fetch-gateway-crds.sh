@@ -2,11 +2,12 @@
 # The Gateway API Inference Extension CRDs, taken from the pinned
 # sigs.k8s.io/gateway-api-inference-extension Go module, for the tests that validate and
 # apply the InferencePool and InferenceObjective the operator renders
-# (spec.gateway.inferencePool). Not hand-copied: the files are the module's own
-# config/crd/bases YAMLs, downloaded through the Go module proxy into the module cache
-# and copied to ${LLMSERVICE_CACHE:-$HOME/.cache/llmservice}/gateway-inference/ (and
-# linked from the repo's git-ignored .cache/gateway-inference). Same pins -> nothing is
-# downloaded.
+# (spec.gateway.inferencePool), and its model-server protocol document, for the test of
+# the metrics the endpoint picker scrapes. Not hand-copied: the files are the module's own
+# (config/crd/bases YAMLs, docs/proposals/003-model-server-protocol/README.md),
+# downloaded through the Go module proxy into the module cache and copied to
+# ${LLMSERVICE_CACHE:-$HOME/.cache/llmservice}/gateway-inference/ (and linked from the
+# repo's git-ignored .cache/gateway-inference). Same pins -> nothing is downloaded.
 #
 # InferencePool (inference.networking.k8s.io/v1) comes from GIE_VERSION; the
 # InferenceObjective (inference.networking.x-k8s.io/v1alpha2) from GIE_OBJECTIVE_VERSION,
@@ -20,6 +21,8 @@ GIE_VERSION="v1.6.0"           # operator/render_gateway.py GIE_VERSION must mat
 GIE_OBJECTIVE_VERSION="v1.5.0" # operator/render_gateway.py GIE_OBJECTIVE_VERSION must match
 MODULE="sigs.k8s.io/gateway-api-inference-extension"
 BASES="config/crd/bases"
+# What the endpoint picker scrapes (tests/integration/server/test_gateway_protocol.py).
+PROTOCOL="docs/proposals/003-model-server-protocol/README.md"
 
 if [[ "${1:-}" == "--version" ]]; then
 	echo "$GIE_VERSION $GIE_OBJECTIVE_VERSION"
@@ -38,17 +41,18 @@ module_dir() { # the module's extracted source in the Go module cache
 	rm -rf "$tmp"
 }
 
-copy() { # copy <version> <file> into the cache
-	local out="$cache/$2"
+copy() { # copy <version> <path in the module> [<name in the cache>] into the cache
+	local out="$cache/${3:-$(basename "$2")}"
 	[[ -s "$out" ]] && return
-	cp "$(module_dir "$1")/$BASES/$2" "$out.tmp"
+	cp "$(module_dir "$1")/$2" "$out.tmp"
 	chmod 0644 "$out.tmp"
 	mv "$out.tmp" "$out"
 }
 
 mkdir -p "$cache"
-copy "$GIE_VERSION" inference.networking.k8s.io_inferencepools.yaml
-copy "$GIE_OBJECTIVE_VERSION" inference.networking.x-k8s.io_inferenceobjectives.yaml
+copy "$GIE_VERSION" "$BASES/inference.networking.k8s.io_inferencepools.yaml"
+copy "$GIE_OBJECTIVE_VERSION" "$BASES/inference.networking.x-k8s.io_inferenceobjectives.yaml"
+copy "$GIE_VERSION" "$PROTOCOL" model-server-protocol.md
 mkdir -p "$repo/.cache"
 ln -sfn "$cache" "$repo/.cache/gateway-inference"
 echo "$cache"

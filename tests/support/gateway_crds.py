@@ -1,5 +1,5 @@
 """The Gateway API Inference Extension CRDs of the pinned module (hack/fetch-gateway-crds.sh),
-parsed once per test process."""
+parsed once per test process, and the module's model-server protocol document."""
 
 from __future__ import annotations
 
@@ -41,3 +41,9 @@ def gateway_schema(kind: str, version: str) -> dict[str, Any]:
     """The openAPIV3Schema of one served version of one kind (shared: do not change it)."""
     (found,) = [v for v in _parsed(kind)["spec"]["versions"] if v["name"] == version]
     return found["schema"]["openAPIV3Schema"]
+
+
+def protocol_doc() -> str:
+    """docs/proposals/003-model-server-protocol/README.md of the pinned module: the metrics
+    the endpoint picker scrapes from each model server (model_server_protocol.py parses it)."""
+    return (crd_dir() / "model-server-protocol.md").read_text()
