@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-from llmservice.server.cli_args import SERVE_OPTIONS
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.gateway_crds import protocol_doc
@@ -40,7 +39,6 @@ FLOOR = {
     "BlockSize": ("vllm:cache_config_info", "block_size"),
     "NumGPUBlocks": ("vllm:cache_config_info", "num_gpu_blocks"),
 }
-LORA_FLAG = "--enable-lora"
 
 
 @pytest.fixture(scope="module")
@@ -141,21 +139,3 @@ def test_queue_running_and_kv_usage_mean_what_the_table_says(server, streams):
     after = wait_for(server, load(0, 0), "both requests gone")
     assert value(after, "vllm:kv_cache_usage_perc") == 0.0
 
-
-def _serves_lora() -> bool:
-    return any(o.arg.flag == LORA_FLAG for o in SERVE_OPTIONS)
-
-
-@pytest.mark.skipif(not _serves_lora(), reason=(
-    "LoRA serving is not in the server yet (no --enable-lora): the protocol requires "
-    "vllm:lora_requests_info only of servers that serve LoRA adapters"
-))  # fmt: skip
-def test_lora_info_metric_when_lora_is_served(launch_server):
-    lora = lora_metric(protocol_doc())
-    served = launch_server("--max-model-len", "512", LORA_FLAG, "--max-loras", "2")
-    fams = families(served)
-    assert lora.metric in fams and fams[lora.metric].type == lora.type
-    samples = [s for s in fams[lora.metric].samples if s.name == lora.metric]
-    assert samples and all(lora.labels <= s.labels.keys() for s in samples)
-    latest = max(samples, key=lambda s: s.value)  # the value is the last update's timestamp
-    assert latest.labels["max_lora"] == "2" and latest.value > 1e9
