@@ -22,6 +22,7 @@ from llmservice.server.api.loop_probe import probe_event_loop
 from llmservice.server.api.openapi_limits import with_server_limits
 from llmservice.server.api.protocol import (
     ERROR_RESPONSES,
+    GENERATION_RESPONSES,
     HEALTH_RESPONSES,
     METRICS_RESPONSES,
     PROMETHEUS_TEXT,
@@ -91,11 +92,11 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
     # ---- generation -----------------------------------------------------------------------
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERROR_RESPONSES)
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=GENERATION_RESPONSES)
     async def completions(body: CompletionRequest, raw: Request):
         return await create_completion(body, raw, state)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERROR_RESPONSES)
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         return await create_chat_completion(body, raw, state)
 

@@ -6,7 +6,8 @@ test generates requests from it). NaN and infinity are refused everywhere: a NaN
 temperature would otherwise reach the sampler.
 
 Request models are strict, as OpenAI's schema is: a value of the wrong JSON type
-(`"max_tokens": "16"`, `"stream": 1`, `"n": 2.0`) is a 400, never coerced. Each chat
+(`"max_tokens": "16"`, `"stream": 1`, `"n": 2.5`) is a 400, never coerced. An integral
+number (`"n": 2.0`) is an integer, as JSON Schema reads it, so it is accepted. Each chat
 role has OpenAI's required fields (a tool message needs `tool_call_id`, an assistant
 message needs `content` unless it carries `tool_calls`).
 """
@@ -15,16 +16,41 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+JSON_SAFE_INT = 2**53 - 1
 MAX_N = 128  # OpenAI's own limit on `n`
 MAX_STOP = 4  # OpenAI: "Up to 4 sequences"
 MAX_STOP_CHARS = 512  # one stop string; longer ones only cost the detokenizer
 MAX_PROMPTS = 2048  # prompts of one batched completion request
 LOGIT_BIAS_MIN, LOGIT_BIAS_MAX = -100, 100  # OpenAI's range
 
+
+
+def _integral(value: Any) -> Any:
+    """2.0 -> 2: JSON Schema's "integer" is any number without a fractional part. Other
+    values pass unchanged to the strict int check (2.5, "2" and true stay 400s)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(ge: int, le: int) -> Any:
+    """A bounded Integer. The bounds come before the validator: after it, pydantic
+    would enforce them but leave them out of the JSON Schema."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
+
+
+Integer = Annotated[int, BeforeValidator(_integral)]
+TokenCount = integer(1, INT32_MAX)
+TopLogprobs = integer(0, 20)
+TopK = integer(-1, INT32_MAX)
+
+# A seed is any integer JSON carries exactly (RFC 8259 section 6: doubles, so within
+# +-(2**53 - 1)); beyond that a client, or a validator comparing in doubles, would read
+# another number than the server does.
+Seed = integer(-JSON_SAFE_INT, JSON_SAFE_INT)
+BestOf = integer(1, MAX_N)
+LogitBias = integer(LOGIT_BIAS_MIN, LOGIT_BIAS_MAX)
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 # Accepted but not implemented: only the no-op value passes (params.py says why in the 400).
 ONLY_ZERO = {"enum": [0, None]}
@@ -73,12 +99,27 @@ class JSONSchemaFormat(RequestModel):
 class ResponseFormat(RequestModel):
     """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema."""
 
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
+        "then": {"required": ["json_schema"], "properties": {"json_schema": {
+            "type": "object", "required": ["schema"], "properties": {"schema": {"not": {"type": "null"}}},
+        }}},
+    })
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
 
+def _set(field: str) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: {"not": {"enum": [None, False]}}}}
+
+
 class StructuredOutputs(RequestModel):
-    """vLLM's `structured_outputs` extra: exactly one constraint."""
+    """vLLM's `structured_outputs` extra: exactly one constraint (null or false is unset)."""
+
+    model_config = ConfigDict(json_schema_extra={
+        "oneOf": [_set(field) for field in ("json", "regex", "choice", "grammar", "json_object")]
+    })
 
     json_: dict[str, Any] | bool | str | None = Field(None, alias="json", description="a JSON Schema")
     regex: str | None = None
@@ -91,22 +132,22 @@ class SamplingFields(RequestModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: Integer = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0, description="0 means greedy; default 1")
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="vLLM extra; -1 or 0 disables")
-    min_tokens: int = Field(0, ge=0, le=INT32_MAX)
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    top_k: TopK | None = Field(None, description="vLLM extra; -1 or 0 disables")
+    min_tokens: Integer = Field(0, ge=0, le=INT32_MAX)
+    seed: Seed | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = Field(
         None, description=f"up to {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters"
     )
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Integer] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    priority: int = Field(
+    priority: Integer = Field(
         0, ge=INT32_MIN, le=INT32_MAX,
         description="vLLM semantics: lower is handled earlier; non-zero needs --scheduling-policy priority",
     )
@@ -116,7 +157,7 @@ class SamplingFields(RequestModel):
     frequency_penalty: float | None = Field(
         None, description="accepted only as 0 (not implemented)", json_schema_extra=ONLY_ZERO
     )
-    logit_bias: dict[str, Annotated[int, Field(ge=LOGIT_BIAS_MIN, le=LOGIT_BIAS_MAX)]] | None = Field(
+    logit_bias: dict[str, LogitBias] | None = Field(
         None, description="token id -> bias in [-100, 100]; accepted only empty (not implemented)",
         json_schema_extra=ONLY_EMPTY,
     )
@@ -133,17 +174,17 @@ class CompletionRequest(SamplingFields):
 
     prompt: (
         Annotated[str, Field(min_length=1)]
-        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[Integer], Field(min_length=1)]
         | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
-        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[Annotated[list[Integer], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
     )
-    max_tokens: int | None = Field(
-        None, ge=1, le=INT32_MAX, description="default 16 (OpenAI's), or the server's --max-tokens-default"
+    max_tokens: TokenCount | None = Field(
+        None, description="default 16 (OpenAI's), or the server's --max-tokens-default"
     )
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: TopLogprobs | None = None
     echo: bool = Field(False, description="not supported; must be false", json_schema_extra={"const": False})
     suffix: str | None = Field(None, description="not supported; must be absent", json_schema_extra={"type": "null"})
-    best_of: int | None = Field(None, ge=1, le=MAX_N, description="only best_of == n is supported")
+    best_of: BestOf | None = Field(None, description="only best_of == n is supported")
 
 
 class TextContentPart(RequestModel):
@@ -246,9 +287,15 @@ class NamedToolChoice(RequestModel):
     function: NamedFunction
 
 
+TOOL_CHOICE_NEEDS_TOOLS = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["none", None]}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
+
+
 class ChatCompletionRequest(SamplingFields):
     model_config = ConfigDict(json_schema_extra=schema_rules(
-        STREAM_OPTIONS_NEED_STREAM, requires_when_set("top_logprobs", "logprobs", True)
+        STREAM_OPTIONS_NEED_STREAM, requires_when_set("top_logprobs", "logprobs", True), TOOL_CHOICE_NEEDS_TOOLS
     ))
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -257,10 +304,10 @@ class ChatCompletionRequest(SamplingFields):
         None, description="default: auto when tools are given, else none"
     )
     parallel_tool_calls: bool = True
-    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="default: the rest of the context")
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_tokens: TokenCount | None = Field(None, description="default: the rest of the context")
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
     add_generation_prompt: bool = True
 
 
@@ -282,7 +329,7 @@ TokenizeRequest = Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Fie
 
 class DetokenizeRequest(RequestModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Integer]
 
 
 # ---- responses --------------------------------------------------------------------------
@@ -391,11 +438,28 @@ class ErrorResponse(APIModel):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "invalid parameters, or prompt + max_tokens > max_model_len"},
+    400: {"model": ErrorResponse, "description": (
+        "invalid parameters, including the rules between fields that the request schema "
+        "cannot state: prompt tokens + max_tokens <= max_model_len, n x max_tokens <= "
+        "max_model_len, n x prompts within --max-waiting-requests, best_of == n, a grammar, "
+        "regex or JSON schema that compiles, tool function names unique and a named "
+        "tool_choice among them, response_format and structured_outputs not both constraining"
+    )},
     401: {"model": ErrorResponse, "description": "missing or wrong API key (--api-key)"},
     404: {"model": ErrorResponse, "description": "unknown model"},
     413: {"model": ErrorResponse, "description": "request body larger than --max-request-body-bytes"},
     503: {"model": ErrorResponse, "description": "queue full (see Retry-After) or draining for shutdown"},
+}
+
+SSE = "text/event-stream"
+SSE_EVENT = {  # the schema of one event, as OpenAPI 3.2's itemSchema reads it
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON chunk; the last event is [DONE]"}},
+}
+GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the completion; with stream true, server-sent events of chunks ending in `data: [DONE]`",
+          "content": {SSE: {"schema": SSE_EVENT}}},
+    **ERROR_RESPONSES,
 }
 
 # ---- operations endpoints: what each answers, media type included -------------------------

@@ -21,7 +21,7 @@ USER = [{"role": "user", "content": "hi"}]
 @pytest.mark.parametrize(
     "field",
     [
-        {"max_tokens": "16"}, {"max_tokens": 16.0}, {"n": 2.0}, {"n": True}, {"stream": 1},
+        {"max_tokens": "16"}, {"max_tokens": 16.5}, {"n": 2.5}, {"n": True}, {"stream": 1},
         {"stream": "true"}, {"temperature": "0.5"}, {"seed": "1"}, {"stop": 5}, {"stop": ["a", 1]},
         {"user": 7}, {"ignore_eos": "yes"}, {"stream_options": {"include_usage": 1}},
         {"stop": ["a", "b", "c", "d", "e"]}, {"stop": "x" * 513}, {"stop": ""},
