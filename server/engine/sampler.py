@@ -92,10 +92,14 @@ class Sampler:
             if not sp.greedy:
                 scaled = _filter_top_k_top_p(host_rows[i] / sp.temperature, sp.top_k, sp.top_p)
                 probs = scaled.softmax(-1)
-                gen = self.generator
-                if sp.seed is not None:
-                    gen = torch.Generator().manual_seed(hash((sp.seed, row.output_index)) & (2**63 - 1))
-                token = int(torch.multinomial(probs, 1, generator=gen).item())
+                # A grammar that allows no token (all -inf), or a temperature so small that
+                # the scaled row is not a distribution, leaves NaNs: such a row takes the
+                # argmax, as greedy does, instead of a draw that raises and stops the engine.
+                if bool(torch.isfinite(probs).all()):
+                    gen = self.generator
+                    if sp.seed is not None:
+                        gen = torch.Generator().manual_seed(hash((sp.seed, row.output_index)) & (2**63 - 1))
+                    token = int(torch.multinomial(probs, 1, generator=gen).item())
             lp = None
             if sp.logprobs is not None:
                 logp = host_rows[i].log_softmax(-1)

@@ -33,18 +33,10 @@ def run_schemathesis(url: str, workdir: Path) -> subprocess.CompletedProcess:
     command = [
         str(SCHEMATHESIS), "run", url + "/openapi.json", "--checks", "all",
         "--seed", SEED, "--max-examples", MAX_EXAMPLES, "--generation-database", "none",
-        "--workers", "1", "--request-timeout", "120", "--no-color", "--output-sanitize", "false",
+        "--workers", "1", "--request-timeout", "120", "--max-response-time", "120", "--no-color", "--output-sanitize", "false",
     ]
     env = dict(os.environ, SCHEMATHESIS_HOOKS=str(HOOKS))
     return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
-
-
-# A structured output whose grammar allows no token of the vocabulary (a `choice` of
-# "\x14": SmolLM2's vocabulary has no token for that byte) leaves the sampler with all
-# logits at -inf; sampling then raises on NaN probabilities and the engine core dies.
-# The fix belongs in the engine (end such a row instead of sampling it). Until then a run
-# whose every failure is that crash is an expected failure; any other failure fails.
-ENGINE_EMPTY_MASK_CRASH = "probability tensor contains either `inf`, `nan` or element < 0"
 
 
 def failure_reports(output: str) -> list[str]:
@@ -56,10 +48,7 @@ def failure_reports(output: str) -> list[str]:
 def test_schemathesis_finds_no_failure_with_every_check(contract_server, tmp_path):
     result = run_schemathesis(contract_server.url, tmp_path)
     output = result.stdout + result.stderr
-    reports = failure_reports(output)
-    if result.returncode != 0 and reports and all(ENGINE_EMPTY_MASK_CRASH in r for r in reports):
-        pytest.xfail("the engine dies on a grammar that allows no token: " + reports[0][:2000])
-    assert result.returncode == 0, output[-20000:]
+    assert result.returncode == 0, "\n".join(failure_reports(output))[:20000] or output[-20000:]
     selected = re.search(r"Selected: (\d+)/(\d+)", output)
     tested = re.search(r"Tested: (\d+)", output)
     assert selected and tested, output[-4000:]

@@ -75,7 +75,7 @@ def test_api_key_required_except_probes(guarded):
     [
         ("/completions", {"prompt": "hi", "max_tokens": "5"}, "max_tokens"),
         ("/completions", {"prompt": "hi", "stream": 1}, "stream"),
-        ("/completions", {"prompt": "hi", "n": 2.0}, "n"),
+        ("/completions", {"prompt": "hi", "n": 2.5}, "n"),
         ("/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ("/completions", {"prompt": "hi", "logit_bias": {"42": 150}}, "logit_bias"),
         ("/completions", {"prompt": "hi", "logit_bias": {"42": 3}}, "logit_bias"),

@@ -41,3 +41,22 @@ def test_sampled_row_draws_from_its_own_logits():
     requests = [_request(SamplingParams(temperature=0)), _request(SamplingParams(temperature=1.0, seed=1)),
                 _request(SamplingParams(temperature=0))]
     assert [token for token, _ in Sampler(seed=0)(logits, requests)] == [3, 7, 11]
+
+
+def test_a_row_with_no_allowed_token_does_not_stop_the_batch():
+    # A grammar that allows no token leaves a sampled row all -inf: softmax gives NaN, and
+    # a multinomial draw would raise and stop the engine for every request. The row takes
+    # the argmax instead; the other rows of the batch are sampled as usual.
+    logits = torch.full((2, 40), -1e4)
+    logits[0] = float("-inf")
+    logits[1, 9] = 0.0
+    sampled = SamplingParams(temperature=0.8, seed=1)
+    results = Sampler(seed=0)(logits, [_request(sampled), _request(sampled)])
+    assert results[0][0] == int(logits[0].argmax())
+    assert results[1][0] == 9
+
+
+def test_an_overflowing_temperature_falls_back_to_the_argmax():
+    logits = torch.tensor([[0.0, 3.0, 1.0]])
+    results = Sampler(seed=0)(logits, [_request(SamplingParams(temperature=1e-45, seed=2))])
+    assert results[0][0] == 1
