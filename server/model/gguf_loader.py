@@ -14,6 +14,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.dequant import dequantize
+from llmservice.server.model.gguf_reader import MappedGGUFReader
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
 from llmservice.server.model.quant_weights import PackedWeights, pack_tensor
 
@@ -134,7 +135,7 @@ def read_tokenizer(reader: GGUFReader) -> TokenizerSource:
 
 def read_gguf_info(path: Path) -> tuple[ModelConfig, TokenizerSource]:
     """Architecture and tokenizer from the metadata; the tensors stay unread (mmap)."""
-    reader = GGUFReader(path)
+    reader = MappedGGUFReader(path)
     return read_config(reader, path), read_tokenizer(reader)
 
 
@@ -146,7 +147,7 @@ def load_gguf(
 ) -> LoadedModel:
     """`pack=True`: Q4_0/Q4_1/Q8_0 matrices stay in their blocks (quant_weights.PackedWeights,
     for the CPU kernels); otherwise every tensor is dequantized to `dtype`."""
-    reader = GGUFReader(path)
+    reader = MappedGGUFReader(path)
     config = read_config(reader, path)
     weights: dict[str, torch.Tensor] | PackedWeights = PackedWeights() if pack else {}
     total = len(reader.tensors)

@@ -19,6 +19,7 @@ from llmservice.kernels import cpu_quant
 from llmservice.kernels.cpu_quant import Packed
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.gguf_loader import dequantize_tensor, hf_name, unpermute_qk
+from llmservice.server.model.gguf_reader import MappedGGUFReader
 from llmservice.server.model.loaded import UnsupportedModelError
 from llmservice.server.model.parallel_weights import LinearWeight, Part, Shard, WeightSource
 from llmservice.server.model.quant_weights import (
@@ -66,7 +67,7 @@ class GGUFSource(WeightSource):
         self.path = path
         self.config = config
         self.pack = pack
-        self.reader: GGUFReader | None = GGUFReader(path)
+        self.reader: GGUFReader | None = MappedGGUFReader(path)
         self.tensors = {hf_name(t.name): t for t in self.reader.tensors if hf_name(t.name)}
 
     def has(self, name: str) -> bool:
