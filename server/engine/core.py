@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from llmservice.server.config import EngineConfig
+from llmservice.server.config import ConfigError, EngineConfig
 from llmservice.server.engine.engine import LLMEngine
 from llmservice.server.engine.messages import (
     AbortRequests,
@@ -32,6 +32,7 @@ from llmservice.server.engine.messages import (
     WakeUp,
 )
 from llmservice.server.engine.sleep_core import SleepController
+from llmservice.server.model.loaded import UnsupportedModelError
 
 log = logging.getLogger("llmservice.engine_core")
 
@@ -174,6 +175,9 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
         engine = LLMEngine.from_config(config, progress=_progress_bar() if show_progress else None)
+    except (ConfigError, UnsupportedModelError) as exc:  # the model or flags: the message says it all
+        outbox.put(EngineFailed(f"{type(exc).__name__}: {exc}"))
+        return
     except Exception as exc:
         log.exception("engine failed to start")
         outbox.put(EngineFailed(f"{type(exc).__name__}: {exc}"))

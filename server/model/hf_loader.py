@@ -18,7 +18,7 @@ from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
 from llmservice.server.model.parallel_weights import Shard, WeightSource
 from llmservice.server.model.sources import ARCHITECTURES, architecture_problem
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 log = logging.getLogger(__name__)
 _ARCHS = ARCHITECTURES
@@ -154,6 +154,21 @@ def shard_files(path: Path) -> list[Path]:
     return files
 
 
+class CorruptShardError(UnsupportedModelError):
+    """A safetensors shard whose header or data does not match its size (a copy or
+    download cut short). safetensors' own message names no file."""
+
+
+def open_shard(file: Path):
+    """`safe_open` of one shard, failing with the shard's path when it is truncated or corrupt."""
+    try:
+        return safe_open(str(file), framework="pt")
+    except SafetensorError as exc:
+        detail = str(exc).removeprefix("Error while deserializing header: ")
+        raise CorruptShardError(f"{file}: truncated or corrupt safetensors file ({detail}); "
+                                "copy or download it again") from None
+
+
 def load_hf_dir(
     path: Path,
     dtype: torch.dtype,
@@ -167,7 +182,7 @@ def load_hf_dir(
     files = shard_files(path)
     weights: dict[str, torch.Tensor] = {}
     for i, file in enumerate(files):
-        with safe_open(str(file), framework="pt") as f:
+        with open_shard(file) as f:
             for key in f.keys():
                 weights[key] = f.get_tensor(key).to(device=device, dtype=dtype)
         if progress:
@@ -181,7 +196,7 @@ class SafetensorsSource(WeightSource):
 
     def __init__(self, path: Path, device: torch.device | str, dtype: torch.dtype):
         super().__init__(device, dtype)
-        self.files = [safe_open(str(file), framework="pt") for file in shard_files(path)]
+        self.files = [open_shard(file) for file in shard_files(path)]
         self.where = {key: f for f in self.files for key in f.keys()}
 
     def has(self, name: str) -> bool:
