@@ -13,12 +13,14 @@ from dataclasses import dataclass, replace
 
 from llmservice.server.argspec import CRDDefault, arg, first
 from llmservice.server.engine.spec_config import parse_speculative_config
+from llmservice.server.lora.flags import check_lora_flags
 from llmservice.server.model.registry import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # vLLM's names; fp8 is e4m3 (docs/kv-cache.md)
 LOAD_FORMATS = ("auto", "dummy")  # dummy: random weights of the model's shape (benchmarks)
 CPU_WEIGHTS = ("quantized", "fp32")  # GGUF blocks kept packed on CPU, or dequantized (reference)
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -90,6 +92,10 @@ class EngineConfig:
                                     "GiB of host memory for the prefix cache's host tier (evicted "
                                     "cached KV blocks, pulled back on a prefix match); 0: off",
                                     type=float)
+    kv_cache_dtype: str = arg("auto", "--kv-cache-dtype",
+                              "KV cache storage: auto (the model's dtype), fp8 / fp8_e4m3 (8-bit e4m3 "
+                              "with a calibrated scale per layer; CPU only)",
+                              choices=KV_CACHE_DTYPES, crd="engine.kvCacheDtype")
     gpu_memory_utilization: float = arg(0.90, "--gpu-memory-utilization",
                                         "share of the GPU's memory the engine may use",
                                         type=float, crd="resources.gpuMemoryUtilization")
@@ -149,6 +155,20 @@ class EngineConfig:
         "overlap scheduling: plan step N+1 while step N runs (default: on on CUDA, off on CPU)",
         type=bool,
     )
+    enable_lora: bool = arg(
+        False, "--enable-lora",
+        "serve LoRA adapters (PEFT format) on the base model, batched with it (docs/lora.md)", type=bool,
+    )
+    lora_modules: list[str] | None = arg(
+        None, "--lora-modules",
+        'adapters served at start: name=path, or vLLM\'s JSON {"name": ..., "path": ..., "base_model_name": ...}',
+        nargs="+",
+    )
+    max_loras: int = arg(1, "--max-loras", "adapters in device slots at once (a step's distinct adapters)", type=int)
+    max_lora_rank: int = arg(16, "--max-lora-rank", "largest adapter rank served (the slots' padded rank)", type=int)
+    max_cpu_loras: int | None = arg(
+        None, "--max-cpu-loras", "parsed adapters kept in host memory, LRU (default: --max-loras)", type=int,
+    )
     static_decode_inputs: bool | None = arg(
         None, "--static-decode-inputs",
         "pure-decode steps on fixed-address inputs padded to the graph sizes, without capture "
@@ -169,6 +189,8 @@ class EngineConfig:
             )
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} is not one of {list(DTYPES)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not one of {list(KV_CACHE_DTYPES)}")
         if self.cpu_weights not in CPU_WEIGHTS:
             raise ConfigError(f"--cpu-weights {self.cpu_weights!r} is not one of {list(CPU_WEIGHTS)}")
         if self.load_format not in LOAD_FORMATS:
@@ -205,6 +227,7 @@ class EngineConfig:
             parse_speculative_config(self.speculative_config)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        check_lora_flags(self)
 
     def resolve_lengths(self, model_max_len: int) -> EngineConfig:
         """A copy with max_model_len / max_num_batched_tokens filled from the model, both

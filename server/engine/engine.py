@@ -31,6 +31,10 @@ from llmservice.server.engine.scheduler import Scheduler
 from llmservice.server.engine.step import SchedulerOutput
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
 from llmservice.server.engine.tp_executor import TPExecutor, build_tp_engine
+from llmservice.server.lora.adapter import LoRAAdapterError
+from llmservice.server.lora.manager import LoRAManager
+from llmservice.server.lora.modules import check_lora_name_or_raise, parse_lora_modules
+from llmservice.server.lora.weights import lora_weights_for
 from llmservice.server.model.llama import LlamaModel
 from llmservice.server.model.loaded import LoadedModel
 from llmservice.server.model.loader import load_model
@@ -41,6 +45,10 @@ log = logging.getLogger("llmservice.engine")
 
 class PromptTooLongError(ValueError):
     """prompt + max_tokens does not fit max_model_len (the server answers 400)."""
+
+
+class UnknownAdapterError(ValueError):
+    """A request names a LoRA adapter the engine does not serve (the server answers 404)."""
 
 
 # An empty step while grammars compile waits this long for one (releasing the GIL): a
@@ -124,7 +132,8 @@ class LLMEngine:
         self.capture_graphs, decode_sizes = decode_graph_plan(config, model.device) if runner is None else (False, [])
         if runner is None:
             self.runner = ModelRunner(
-                model, num_blocks, config.block_size, config.seed, decode_sizes, self.max_model_len
+                model, num_blocks, config.block_size, config.seed, decode_sizes, self.max_model_len,
+                config.kv_cache_dtype,
             )
             self.swap_space, self.swap_pools = startup.allocate_swap_space(
                 config, self.runner.kv_caches, memory_plan.kv_bytes_per_token
@@ -150,7 +159,15 @@ class LLMEngine:
         # Structured outputs: compiles off the step loop; the scheduler skips a request
         # whose grammar is still compiling (Scheduler._can_admit asks admission_gate).
         self.grammars = GrammarStates(GrammarCompilerService(tokenizer, model.config.vocab_size))
-        self.scheduler.admission_gate = self._grammar_ready
+        self.scheduler.admission_gate = self._can_start
+        # --enable-lora: the slot pool on the model, the host LRU and the loader thread
+        self.lora: LoRAManager | None = None
+        if config.enable_lora:
+            if model.lora is None:
+                model.lora = lora_weights_for(config, model)
+            self.lora = LoRAManager(model.lora, model.config, self.model_name,
+                                    config.max_cpu_loras or config.max_loras)  # fmt: skip
+            self.scheduler.lora_slots = self.lora.slots
         self.detokenizers: dict[str, Detokenizer] = {}
         self.last_step = StepStats()
         self._ids = itertools.count()
@@ -204,6 +221,8 @@ class LLMEngine:
         model = LlamaModel(
             loaded.config, loaded.weights, device, dtype, max_model_len, consume=owned
         )
+        if config.enable_lora:  # before the memory plan: the slot pool is device memory too
+            model.lora = lora_weights_for(config, model)
         load_seconds = time.perf_counter() - t0
         plan = startup.plan_memory(config, model)
         graphs, sizes = decode_graph_plan(config, device)
@@ -221,6 +240,7 @@ class LLMEngine:
             )
         tokenizer = TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids)
         engine = cls(config, model, tokenizer, plan, load_seconds)
+        engine.add_lora_modules()
         if engine.capture_graphs:
             captured = engine.runner.capture_graphs()
             log.info("CUDA graphs: %d decode sizes up to %d captured in %.1f s", len(captured.sizes),
@@ -302,8 +322,14 @@ class LLMEngine:
         request_id: str | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora_name: str | None = None,
     ) -> Request:
         params = params or SamplingParams()
+        lora_key = None
+        if lora_name is not None:
+            lora_key = self.lora.key_of(lora_name) if self.lora is not None else None
+            if lora_key is None:
+                raise UnknownAdapterError(f"the LoRA adapter {lora_name!r} is not loaded; loaded: {self.lora_names()}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -331,6 +357,7 @@ class LLMEngine:
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
             priority=priority,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
+            lora_name=lora_key,
         )
 
     def add_request(
@@ -340,11 +367,12 @@ class LLMEngine:
         request_id: str | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora_name: str | None = None,
     ) -> Request:
         req = (
             prompt
             if isinstance(prompt, Request)
-            else self.make_request(prompt, params, request_id, priority, arrival_time)
+            else self.make_request(prompt, params, request_id, priority, arrival_time, lora_name)
         )
         if req.request_id in self.scheduler.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
@@ -356,6 +384,59 @@ class LLMEngine:
 
     def _grammar_ready(self, req: Request) -> bool:
         return req.sampling_params.structured is None or self.grammars.ready(req.request_id)
+
+    def _can_start(self, req: Request) -> bool:
+        """The admission gate: its grammar compiled, its adapter in host memory with a slot."""
+        if not self._grammar_ready(req):
+            return False
+        return req.lora_name is None or self.lora is None or self.lora.can_start(req.lora_name)
+
+    # ---- LoRA adapters (server/lora) ------------------------------------------------------
+    def add_lora_modules(self) -> None:
+        """Register --lora-modules; ConfigError names the adapter and its problem."""
+        if self.lora is None:
+            return
+        for module in parse_lora_modules(self.config.lora_modules):
+            try:
+                self.lora.add(module.name, module.path)
+            except LoRAAdapterError as err:
+                raise ConfigError(f"--lora-modules: {err}") from None
+
+    def add_lora(self, name: str, path: str) -> None:
+        """Load an adapter at run time; LoRAAdapterError (nothing changes) when refused."""
+        if self.lora is None:
+            raise LoRAAdapterError("LoRA serving is off: start the server with --enable-lora")
+        self.lora.add(check_lora_name_or_raise(name), path)
+
+    def remove_lora(self, name: str) -> None:
+        """Unload: new requests cannot name it; those already in the engine finish with it.
+        KeyError when no such adapter is loaded."""
+        if self.lora is None:
+            raise KeyError(name)
+        self.lora.remove(name)
+        self._retire_adapters()
+
+    def lora_names(self) -> list[str]:
+        return sorted(self.lora.entries) if self.lora is not None else []
+
+    def lora_request_names(self) -> tuple[list[str], list[str]]:
+        """Adapters of the running and of the waiting requests (vllm:lora_requests_info)."""
+        if self.lora is None:
+            return [], []
+        running = {self.lora.name_of(r.lora_name) for r in self.scheduler.running if r.lora_name}
+        waiting = {self.lora.name_of(r.lora_name) for r in self.scheduler.waiting + self.scheduler.swapped
+                   if r.lora_name}  # fmt: skip
+        return sorted(running), sorted(waiting)
+
+    def _prepare_adapters(self) -> None:
+        """Before a step runs: copy newly placed adapters into their slots."""
+        if self.lora is not None:
+            self.lora.copy_pending()
+            self._retire_adapters()
+
+    def _retire_adapters(self) -> None:
+        if self.lora is not None and len(self.lora.by_key) > len(self.lora.entries):
+            self.lora.retire_unused({r.lora_name for r in self.scheduler.requests.values() if r.lora_name})
 
     def abort_request(self, request_id: str) -> bool:
         req = self.scheduler.abort(request_id)
@@ -387,6 +468,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         stats = StepStats(num_preempted=len(sched.preempted_request_ids))
         self._do_swaps(sched)
+        self._prepare_adapters()
         if self.grammars:
             self._fill_bitmasks(sched)
         result = self.runner.execute(sched)
@@ -435,6 +517,7 @@ class LLMEngine:
             deltas += self._resolve(prev)
             prev = None
         self._do_swaps(sched)
+        self._prepare_adapters()
         if self.grammars:
             self._fill_bitmasks(sched)
         launched_at = time.perf_counter()

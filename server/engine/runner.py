@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from llmservice.kernels import ops
+from llmservice.kernels import kv_quant, ops
 from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.engine import cuda_graphs, spec_verify
 from llmservice.server.engine.cuda_graphs import DecodeGraphs
+from llmservice.server.engine.kv_scales import calibrated_scales
 from llmservice.server.engine.request import TokenLogprob
 from llmservice.server.engine.sampler import Sampler, SampleRow
 from llmservice.server.engine.sampling_params import SamplingParams
@@ -30,14 +31,24 @@ from llmservice.server.engine.step import PLACEHOLDER_TOKEN, ScheduledRequest, S
 from llmservice.server.model.llama import LlamaModel
 
 
-def allocate_kv_caches(model: LlamaModel, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def allocate_kv_caches(
+    model: LlamaModel, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto"
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (K, V) pools; with an fp8 `kv_cache_dtype` they are float8_e4m3fn with
+    each pool's calibrated scale attached (kernels/kv_quant.py)."""
     cfg = model.config
     shape = (num_blocks, block_size, model.num_kv_heads, cfg.head_dim)  # this rank's KV heads
+    dtype = kv_quant.FP8 if kv_quant.is_fp8(kv_cache_dtype) else model.dtype
     # zeros, not empty: padded block-table rows read block 0, and masked garbage must stay finite
-    return [
-        (torch.zeros(shape, dtype=model.dtype, device=model.device), torch.zeros(shape, dtype=model.dtype, device=model.device))
+    caches = [
+        (torch.zeros(shape, dtype=dtype, device=model.device), torch.zeros(shape, dtype=dtype, device=model.device))
         for _ in range(cfg.num_layers)
     ]
+    if dtype == kv_quant.FP8:
+        for (k, v), (k_scale, v_scale) in zip(caches, calibrated_scales(model, block_size), strict=True):
+            kv_quant.set_scale(k, k_scale)
+            kv_quant.set_scale(v, v_scale)
+    return caches
 
 
 @dataclass
@@ -69,6 +80,7 @@ class HostBatch:
     logits_rows: list[int] = field(default_factory=list)
     sample_rows: list[tuple[str, SampleRow]] = field(default_factory=list)
     fills: list[tuple[int, str]] = field(default_factory=list)  # (flat index, request id): placeholders
+    lora_rows: list[int] = field(default_factory=list)  # per flat row: its adapter's slot, -1: none
 
     @property
     def pure_decode(self) -> bool:
@@ -114,6 +126,7 @@ class ModelRunner:
         seed: int = 0,
         decode_sizes: list[int] | None = None,
         max_model_len: int | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         """`decode_sizes`: run pure-decode steps of up to max(decode_sizes) rows on static
         inputs padded to one of these sizes (then the pool has one more block, the pad
@@ -132,7 +145,7 @@ class ModelRunner:
                 self.decode_sizes[-1], -(-max_model_len // block_size), block_size, num_blocks, model.device
             )
         self.max_model_len = max_model_len
-        self.kv_caches = allocate_kv_caches(model, num_blocks + extra, block_size)
+        self.kv_caches = allocate_kv_caches(model, num_blocks + extra, block_size, kv_cache_dtype)
         self.sampler = Sampler(seed)
         self.device = model.device
         self.requests: dict[str, RunnerRequest] = {}
@@ -171,6 +184,7 @@ class ModelRunner:
             input_ids.extend(s.token_ids)
             input_ids.extend(s.spec_token_ids)  # drafts: verified at k+1 rows (spec_verify.py)
             b.positions.extend(range(start, end))
+            b.lora_rows.extend([s.lora_slot] * (end - start))
             b.slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             b.query_lens.append(s.num_tokens)
             b.seq_lens.append(end)
@@ -224,6 +238,10 @@ class ModelRunner:
         """The final hidden states of the batch: static inputs (graph replay on CUDA) for a
         pure-decode step that fits a captured size, else the eager path."""
         padded = cuda_graphs.padded_batch_size(len(b.query_lens), self.decode_sizes) if b.pure_decode else None
+        lora = self.model.lora
+        if lora is not None:  # rows with an adapter run eagerly (graphs hold the base model only)
+            lora.set_rows(b.lora_rows)
+            padded = None if lora.active else padded
         if padded is None or self.static is None:
             ids, pos, meta = self._eager_inputs(b)
             self._fill_placeholders(ids, b.fills)

@@ -41,6 +41,7 @@ from llmservice.server.engine.prefix_sketch import PrefixSketch
 from llmservice.server.engine.request import Request, RequestStatus
 from llmservice.server.engine.step import PLACEHOLDER_TOKEN, ScheduledRequest, SchedulerOutput
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
+from llmservice.server.lora.slots import AdapterSlots
 
 log = logging.getLogger("llmservice.scheduler")
 OVERRUN_LOG_INTERVAL_S = 30.0
@@ -84,6 +85,8 @@ class SchedulerStats:
 
 class Scheduler:
     admission_gate: Callable[[Request], bool] | None = None  # set by the engine (grammar compiled?)
+    # --enable-lora: a request runs only while its adapter holds a device slot (lora/slots.py)
+    lora_slots: AdapterSlots | None = None
 
     def __init__(
         self,
@@ -136,6 +139,7 @@ class Scheduler:
             self.swap_space.free(request.swap_blocks)
             request.swap_blocks = []
         self.bm.free(request)
+        self._release_adapter(request)
         self._pending.pop(request.request_id, None)
         request.status = status
         request.finish_time = self.clock()
@@ -178,6 +182,7 @@ class Scheduler:
             return
         self.stats.preempted_tokens_recompute += victim.num_computed_tokens
         self.bm.free(victim)
+        self._release_adapter(victim)  # a recomputed request asks for a slot again
         victim.status = RequestStatus.WAITING
         victim.num_computed_tokens = 0
         self.waiting.append(victim)
@@ -348,7 +353,10 @@ class Scheduler:
     ) -> bool:
         """Move a waiting request to running with `num_new` tokens this step (False, with
         nothing changed, when its KV blocks do not fit)."""
+        if not self._acquire_adapter(req):
+            return False
         if not self.bm.allocate_slots(req, num_new, hits):
+            self._release_adapter(req)
             return False
         self.waiting.remove(req)
         self.running.append(req)
@@ -365,6 +373,14 @@ class Scheduler:
             self.stats.prefix_host_hits += from_host
         plan.add(req, num_new, 0)
         return True
+
+    def _acquire_adapter(self, req: Request) -> bool:
+        """Pin a device slot for the request's adapter (True for the base model)."""
+        return req.lora_name is None or self.lora_slots is None or self.lora_slots.acquire(req.request_id, req.lora_name)
+
+    def _release_adapter(self, req: Request) -> None:
+        if req.lora_name is not None and self.lora_slots is not None:
+            self.lora_slots.release(req.request_id)
 
     def _count_potential_hits(self, req: Request) -> None:
         """First admission only: a recomputed request's prompt is not a new prompt."""
@@ -395,7 +411,15 @@ class Scheduler:
             sample=end >= known,
             output_index=req.num_output_tokens + self._pending.get(rid, 0),
             spec_token_ids=req.spec_token_ids[: max(0, end - known)],
+            lora_slot=self._slot_of(req),
         )
+
+    def _slot_of(self, req: Request) -> int:
+        if req.lora_name is None or self.lora_slots is None:
+            return -1
+        slot = self.lora_slots.slot_of(req.lora_name)
+        assert slot is not None, f"request {req.request_id} runs without its adapter's slot"
+        return slot
 
     def update(
         self, out: SchedulerOutput, sampled: dict[str, list[int]], launched: bool = False

@@ -46,6 +46,7 @@ class ScheduledRequest:
     # Structured outputs: the packed token bitmask of the allowed next tokens (a torch
     # int32 tensor, filled by the engine's grammar state before the step); None: free.
     grammar_bitmask: Any = None
+    lora_slot: int = -1  # --enable-lora: the device slot of its adapter; -1: the base model
 
     @property
     def num_tokens(self) -> int:

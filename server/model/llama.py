@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from llmservice.kernels import ops
 from llmservice.kernels.metadata import AttentionMetadata
+from llmservice.server.lora.weights import LoRAWeights
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.fused_decoder import decoder_weights
 from llmservice.server.model.parallel import (
@@ -31,6 +32,9 @@ from llmservice.server.model.parallel import (
 )
 from llmservice.server.model.parallel_weights import Shard, WeightSource
 from llmservice.server.model.quant_weights import source_for
+
+# the LoRA target modules behind each of the layer's GEMMs, in their output column order
+QKV, O_PROJ, GATE_UP, DOWN = ("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)
 
 
 @dataclass
@@ -164,6 +168,9 @@ class LlamaModel:
         self.kv_size = self.num_kv_heads * d
         # decode-only CPU steps on packed layers: all layers in one C call (same bits)
         self.fused_decoder = decoder_weights(self)
+        # --enable-lora: the adapter slot pool (server/lora/weights.py); its per-step row
+        # groups add each projection's LoRA delta for the rows that use an adapter
+        self.lora: LoRAWeights | None = None
 
     def weight_bytes(self) -> int:
         """Bytes of the weights this rank holds."""
@@ -215,7 +222,8 @@ class LlamaModel:
         eps = cfg.rms_norm_eps
         d, nh, nkv = cfg.head_dim, self.num_heads, self.num_kv_heads
         hidden = self.embed(input_ids)
-        if self.fused_decoder is not None and ops.backend_for(hidden) == "torch":
+        lora = self.lora if self.lora is not None and self.lora.active else None
+        if self.fused_decoder is not None and lora is None and ops.backend_for(hidden) == "torch":
             out = self.fused_decoder.decode_layers(hidden, positions, meta, kv_caches)
             if out is not None:
                 return out
@@ -223,6 +231,8 @@ class LlamaModel:
         x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(x)
+            if lora is not None:
+                lora.add(i, QKV, x, qkv)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.view(t, nh, d)
             k = k.view(t, nkv, d)
@@ -234,9 +244,18 @@ class LlamaModel:
             k_cache, v_cache = kv_caches[i]
             ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
-            o = layer.o_proj(attn.reshape(t, self.q_size))
+            attn = attn.reshape(t, self.q_size)
+            o = layer.o_proj(attn)
+            if lora is not None:
+                lora.add(i, O_PROJ, attn, o)
             x, residual = ops.fused_add_rms_norm(o, residual, layer.post_attn_norm, eps)
-            mlp = layer.down(ops.silu_and_mul(layer.gate_up(x)))
+            gate_up = layer.gate_up(x)
+            if lora is not None:
+                lora.add(i, GATE_UP, x, gate_up)
+            act = ops.silu_and_mul(gate_up)
+            mlp = layer.down(act)
+            if lora is not None:
+                lora.add(i, DOWN, act, mlp)
             next_norm = (
                 self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             )
