@@ -406,6 +406,7 @@ class LLMEngine:
         """Load an adapter at run time; LoRAAdapterError (nothing changes) when refused."""
         if self.lora is None:
             raise LoRAAdapterError("LoRA serving is off: start the server with --enable-lora")
+        self._retire_adapters()
         self.lora.add(check_lora_name_or_raise(name), path)
 
     def remove_lora(self, name: str) -> None:
@@ -500,6 +501,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.observe_step(sched, stats.duration_s)
         self.last_step = stats
+        self._retire_adapters()  # an unloaded adapter's last request may have just finished
         return deltas
 
     # ---- overlapped scheduling (overlap.py) ------------------------------------------------
