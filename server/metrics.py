@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import prometheus_client
 from llmservice.server.advisor_metrics import AdvisorMetrics
 from llmservice.server.engine.messages import EngineStats
+from llmservice.server.lora_metrics import LoRAMetrics
 from llmservice.server.spec_metrics import SpecMetrics
 from llmservice.server.step_metrics import StepMetrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -63,7 +64,8 @@ class CacheInfo:
 class ServerMetrics:
     """All metrics of one server, in their own registry (tests may build several)."""
 
-    def __init__(self, model_name: str, max_model_len: int, cache: CacheInfo, registry: CollectorRegistry | None = None):
+    def __init__(self, model_name: str, max_model_len: int, cache: CacheInfo, registry: CollectorRegistry | None = None,
+                 max_loras: int = 0):
         prometheus_client.disable_created_metrics()  # vLLM exports no *_created series
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -125,6 +127,7 @@ class ServerMetrics:
         self.advisor = AdvisorMetrics(r, model_name)  # what the advisor reads beyond vLLM's names
         self.steps = StepMetrics(r, model_name)  # the step-time budget (server/step_metrics.py)
         self.spec = SpecMetrics(r, model_name)  # speculative decoding (server/spec_metrics.py)
+        self.lora = LoRAMetrics(r, max_loras) if max_loras else None  # --enable-lora (server/lora_metrics.py)
         self._last = EngineStats()
 
     # ---- engine-wide, every step ---------------------------------------------------------
@@ -145,6 +148,8 @@ class ServerMetrics:
         self.advisor.on_engine_totals(stats)
         self.steps.on_stats(stats)
         self.spec.on_totals(stats.spec_decode)
+        if self.lora is not None:
+            self.lora.on_adapters(stats.lora_running, stats.lora_waiting)
         self._last = stats
 
     # ---- per request, as its tokens arrive -------------------------------------------------

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from llmservice.server.api import sleep_routes
+from llmservice.server.api import lora_routes, sleep_routes
 from llmservice.server.api.chat import create_chat_completion
 from llmservice.server.api.completions import create_completion
 from llmservice.server.api.errors import APIError, describe_validation_errors, error_response
@@ -64,6 +64,9 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     app.state.metrics = metrics
     app.include_router(sleep_routes.router)
     app.include_router(sleep_routes.controls, include_in_schema=state.engine.config.enable_sleep_mode)
+    app.state.allow_runtime_lora_updating = lora_routes.runtime_updates_allowed()
+    app.include_router(lora_routes.controls, include_in_schema=bool(
+        state.engine.config.enable_lora and app.state.allow_runtime_lora_updating))
     # Added last = runs first: the key is checked before the body is looked at.
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_request_body_bytes)
     if state.api_key is not None:
@@ -103,14 +106,17 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     # ---- models and tokenizer ----------------------------------------------------------------
     @app.get("/v1/models", response_model=ModelList)
     async def models():
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": state.created, "owned_by": "llmservice",
-                 "root": state.model_root, "max_model_len": state.max_model_len}
-                for name in state.served_model_names
-            ],
-        }
+        base = [
+            {"id": name, "object": "model", "created": state.created, "owned_by": "llmservice",
+             "root": state.model_root, "parent": None, "max_model_len": state.max_model_len}
+            for name in state.served_model_names
+        ]
+        adapters = [  # as vLLM lists them: root = the adapter's path, parent = the base model's id
+            {"id": name, "object": "model", "created": state.created, "owned_by": "llmservice",
+             "root": path, "parent": state.model_name, "max_model_len": state.max_model_len}
+            for name, path in sorted(state.engine.lora_adapters.items())
+        ]
+        return {"object": "list", "data": base + adapters}
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
     async def tokenize(body: TokenizeRequest):

@@ -72,7 +72,8 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: HTTPRequest, s
         if spec is not None:  # free requests make no extra trip to the pool
             await state.tokenizer.run(check_structured, spec, param)
         prompt = await state.tokenizer.encode_chat(message_dicts(req.messages), req.add_generation_prompt, plan.template_tools)
-        request_id, gen = await start_generation(state, reservation, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl")
+        request_id, gen = await start_generation(state, reservation, raw, [prompt], params, req.n, req.priority, arrival, "chatcmpl",
+                                                   state.lora_of(req.model))
     tools = {"plan": plan, "make": parsers}
     logprobs = params.logprobs is not None
     return await respond(req, request_id, gen, state, logprobs, partial(_stream, **tools), partial(_collect, **tools))

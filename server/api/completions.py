@@ -94,7 +94,7 @@ async def create_completion(req: CompletionRequest, raw: HTTPRequest, state: Ser
         else:
             token_lists = [await state.tokenizer.encode(p) for p in prompts]
         request_id, gen = await start_generation(
-            state, reservation, raw, token_lists, params, req.n, req.priority, arrival, "cmpl"
+            state, reservation, raw, token_lists, params, req.n, req.priority, arrival, "cmpl", state.lora_of(req.model)
         )
     return await respond(req, request_id, gen, state, params.logprobs is not None, _stream, _collect)
 

@@ -25,10 +25,13 @@ from llmservice.server.engine.messages import (
     EngineFailed,
     EngineReady,
     EngineStats,
+    LoadLoRA,
+    LoRAChanged,
     Report,
     Shutdown,
     Sleep,
     SleepChanged,
+    UnloadLoRA,
     WakeUp,
 )
 from llmservice.server.engine.sampling_params import SamplingParams
@@ -90,6 +93,9 @@ class EngineClient:
         self.sleep_level = 0
         self.sleep_requested = False  # from POST /sleep on: new requests get 503 + Retry-After
         self._sleep_waiters: list[asyncio.Future[SleepChanged]] = []
+        # --enable-lora: the adapters the engine serves (name -> path), and who waits for an answer
+        self.lora_adapters: dict[str, str] = {}
+        self._lora_waiters: list[asyncio.Future[LoRAChanged]] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -119,6 +125,7 @@ class EngineClient:
                 raise EngineStartError(msg.message)
             if isinstance(msg, EngineReady):
                 self.info = msg
+                self.lora_adapters = dict(msg.lora_adapters)
                 return msg
         raise EngineStartError(f"the engine did not become ready within {timeout_s:.0f} s")
 
@@ -163,6 +170,7 @@ class EngineClient:
         priority: int,
         arrival_time: float,
         out: asyncio.Queue,
+        lora_name: str | None = None,
     ) -> RequestStream:
         """Register the request (from now on it counts as in flight) and send it to the
         engine; its `accepted` future resolves when the engine took it."""
@@ -173,7 +181,7 @@ class EngineClient:
         assert self._loop is not None, "attach() first"
         stream = RequestStream(request_id, len(prompt_token_ids), arrival_time, self._loop, out)
         self.streams[request_id] = stream
-        self.inbox.put(AddRequest(request_id, prompt_token_ids, params, priority, arrival_time))
+        self.inbox.put(AddRequest(request_id, prompt_token_ids, params, priority, arrival_time, lora_name))
         return stream
 
     async def wait_accepted(self, streams: list[RequestStream]) -> None:
@@ -224,6 +232,23 @@ class EngineClient:
         self.inbox.put(command)
         return await waiter
 
+    # ---- LoRA adapters ------------------------------------------------------------------------------
+    async def change_lora(self, command: LoadLoRA | UnloadLoRA) -> LoRAChanged:
+        """Send a load or unload to the engine and wait for its answer (in order)."""
+        if self.dead is not None:
+            raise APIError(503, f"the engine is not running: {self.dead}")
+        waiter = asyncio.get_running_loop().create_future()
+        self._lora_waiters.append(waiter)
+        self.inbox.put(command)
+        return await waiter
+
+    def _on_lora_changed(self, msg: LoRAChanged) -> None:
+        self.lora_adapters = dict(msg.adapters)
+        if self._lora_waiters:
+            waiter = self._lora_waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(msg)
+
     def _on_sleep_changed(self, msg: SleepChanged) -> None:
         self.sleep_level = msg.level
         if self._sleep_waiters:
@@ -259,6 +284,8 @@ class EngineClient:
             self._on_report(msg, received_at)
         elif isinstance(msg, SleepChanged):
             self._on_sleep_changed(msg)
+        elif isinstance(msg, LoRAChanged):
+            self._on_lora_changed(msg)
         elif isinstance(msg, EngineFailed):
             self._fail_all(msg.message)
 
@@ -320,7 +347,8 @@ class EngineClient:
                 stream.accepted.set_exception(err)
             stream.queue.put_nowait(EngineDeadError(message))
         self.streams.clear()
-        for waiter in self._sleep_waiters:
+        for waiter in self._sleep_waiters + self._lora_waiters:
             if not waiter.done():
                 waiter.set_exception(APIError(503, f"the engine failed: {message}"))
         self._sleep_waiters.clear()
+        self._lora_waiters.clear()

@@ -85,6 +85,7 @@ def serve(args: argparse.Namespace) -> int:
         names[0],
         info.max_model_len,
         CacheInfo(info.block_size, info.num_gpu_blocks, info.num_cpu_blocks, info.gpu_memory_utilization),
+        max_loras=info.max_loras,
     )
     metrics.advisor.set_engine_config(config.resolve_lengths(info.max_model_len))
     metrics.advisor.set_preemption_costs(info.recompute_s_per_token, info.swap_s_per_token, info.swap_fixed_s)

@@ -408,6 +408,7 @@ class ModelCard(APIModel):
     created: int
     owned_by: str = "llmservice"
     root: str
+    parent: str | None = None  # a LoRA adapter: the base model's id (vLLM's field)
     max_model_len: int
 
 

@@ -56,8 +56,13 @@ class ServerState:
         return self.served_model_names[0]
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.served_model_names:
-            raise APIError(404, f"The model `{model}` does not exist; this server serves {self.served_model_names}", "model")
+        if model is not None and model not in self.served_model_names and model not in self.engine.lora_adapters:
+            served = self.served_model_names + sorted(self.engine.lora_adapters)
+            raise APIError(404, f"The model `{model}` does not exist; this server serves {served}", "model")
+
+    def lora_of(self, model: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model)."""
+        return model if model is not None and model in self.engine.lora_adapters else None
 
     def admit(self, num_requests: int) -> None:
         """Raise 503 (+Retry-After) when draining or when the queue bound is hit."""
@@ -184,6 +189,7 @@ async def start_generation(
     priority: int,
     arrival_time: float,
     prefix: str,
+    lora_name: str | None = None,
 ) -> tuple[str, Generation]:
     """Submit len(prompts) * n engine requests and wait until the engine accepted all."""
     request_id = f"{prefix}-{uuid.uuid4().hex}"
@@ -201,7 +207,7 @@ async def start_generation(
     gen = Generation(ids, [len(p) for p in prompts], q, watcher, state, deadline=deadline)
     try:
         streams = [
-            engine.submit(rid, prompt, sp, priority, arrival_time, q) for rid, (prompt, sp) in zip(ids, plist, strict=True)
+            engine.submit(rid, prompt, sp, priority, arrival_time, q, lora_name) for rid, (prompt, sp) in zip(ids, plist, strict=True)
         ]
         reservation.release()  # the engine client counts them now
         await engine.wait_accepted(streams)

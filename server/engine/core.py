@@ -18,20 +18,24 @@ import time
 from typing import Any
 
 from llmservice.server.config import ConfigError, EngineConfig
-from llmservice.server.engine.engine import LLMEngine
+from llmservice.server.engine.engine import LLMEngine, UnknownAdapterError
 from llmservice.server.engine.messages import (
     AbortRequests,
     AddRequest,
     EngineFailed,
     EngineReady,
     EngineStats,
+    LoadLoRA,
+    LoRAChanged,
     Rejected,
     Report,
     Shutdown,
     Sleep,
+    UnloadLoRA,
     WakeUp,
 )
 from llmservice.server.engine.sleep_core import SleepController
+from llmservice.server.lora.adapter import LoRAAdapterError
 from llmservice.server.model.loaded import UnsupportedModelError
 
 log = logging.getLogger("llmservice.engine_core")
@@ -50,7 +54,10 @@ def _min_step_s() -> float:
 
 def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
     sched = engine.scheduler.stats
+    lora_running, lora_waiting = engine.lora_request_names()
     return EngineStats(
+        lora_running=tuple(lora_running),
+        lora_waiting=tuple(lora_waiting),
         num_running=engine.num_running,
         num_waiting=engine.num_waiting,
         num_swapped=engine.num_swapped,
@@ -75,6 +82,11 @@ def engine_stats(engine: LLMEngine, stepped: bool) -> EngineStats:
     )
 
 
+def lora_adapters(engine: LLMEngine) -> dict[str, str]:
+    """The registered adapters, name -> path (/v1/models lists them)."""
+    return {name: e.path for name, e in engine.lora.entries.items()} if engine.lora is not None else {}
+
+
 class EngineCore:
     """Applies commands to the engine and turns each step into a Report."""
 
@@ -97,6 +109,8 @@ class EngineCore:
             elif isinstance(cmd, AbortRequests):
                 for rid in cmd.request_ids:
                     self.engine.abort_request(rid)
+            elif isinstance(cmd, (LoadLoRA, UnloadLoRA)):
+                self._answer(self._lora(cmd))
             elif isinstance(cmd, (Sleep, WakeUp)):
                 for answer in self.sleep.handle(cmd):
                     self._answer(answer)
@@ -109,14 +123,29 @@ class EngineCore:
         if answer is not None and self.outbox is not None:
             self.outbox.put(answer)
 
+    def _lora(self, cmd: LoadLoRA | UnloadLoRA) -> LoRAChanged:
+        engine = self.engine
+        try:
+            if isinstance(cmd, LoadLoRA):
+                engine.add_lora(cmd.lora_name, cmd.lora_path)
+            else:
+                engine.remove_lora(cmd.lora_name)
+        except LoRAAdapterError as exc:
+            return LoRAChanged(lora_adapters(engine), str(exc), 400)
+        except KeyError:
+            return LoRAChanged(lora_adapters(engine), f"the LoRA adapter {cmd.lora_name!r} is not loaded", 404)
+        return LoRAChanged(lora_adapters(engine))
+
     def _add(self, cmd: AddRequest, report: Report) -> None:
         if self.sleep.sleeping:  # the API answers 503 while asleep; one that raced the Sleep
             report.rejected.append(Rejected(cmd.request_id, "the engine is asleep (POST /wake_up)", 503))
             return
         try:
             self.engine.add_request(
-                cmd.prompt_token_ids, cmd.params, cmd.request_id, cmd.priority, cmd.arrival_time
+                cmd.prompt_token_ids, cmd.params, cmd.request_id, cmd.priority, cmd.arrival_time, cmd.lora_name
             )
+        except UnknownAdapterError as exc:  # unloaded between the API's check and now
+            report.rejected.append(Rejected(cmd.request_id, str(exc), 404))
         except ValueError as exc:  # PromptTooLongError, bad token ids, duplicate id
             report.rejected.append(Rejected(cmd.request_id, str(exc), 400))
         except Exception as exc:  # an engine bug must not take the server down with one request
@@ -199,6 +228,8 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
             recompute_s_per_token=costs.recompute_s_per_token if costs.measured else None,
             swap_s_per_token=costs.swap_s_per_token if costs.swap_measured else None,
             swap_fixed_s=costs.swap_fixed_s if costs.swap_measured else None,
+            lora_adapters=lora_adapters(engine),
+            max_loras=config.max_loras if config.enable_lora else 0,
         )
     )
     watch = getattr(engine.runner, "watch", None)

@@ -22,6 +22,7 @@ class AddRequest:
     params: SamplingParams
     priority: int = 0
     arrival_time: float = 0.0  # time.monotonic() in the API process (CLOCK_MONOTONIC is system-wide)
+    lora_name: str | None = None  # --enable-lora: the adapter it runs with; None: the base model
 
 
 @dataclass
@@ -46,6 +47,21 @@ class WakeUp:
     pass
 
 
+@dataclass
+class LoadLoRA:
+    """POST /v1/load_lora_adapter: read, check and register an adapter."""
+
+    lora_name: str
+    lora_path: str
+
+
+@dataclass
+class UnloadLoRA:
+    """POST /v1/unload_lora_adapter: unregister; requests already in the engine finish."""
+
+    lora_name: str
+
+
 # ---- engine core -> API process ---------------------------------------------------------
 
 
@@ -67,6 +83,8 @@ class EngineReady:
     recompute_s_per_token: float | None = None
     swap_s_per_token: float | None = None
     swap_fixed_s: float | None = None
+    lora_adapters: dict[str, str] = field(default_factory=dict)  # --enable-lora: name -> path
+    max_loras: int = 0  # 0: LoRA serving is off
 
 
 @dataclass
@@ -113,6 +131,9 @@ class EngineStats:
     step_decode_overruns: int = 0  # cumulative
     # speculative decoding, cumulative: (drafts, draft tokens, accepted, accepted per position)
     spec_decode: tuple[int, int, int, tuple[int, ...]] | None = None
+    # --enable-lora: adapters of the running and of the waiting requests (vllm:lora_requests_info)
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
 
 
 @dataclass
@@ -123,6 +144,15 @@ class Report:
     accepted: list[str] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     deltas: list[Delta] = field(default_factory=list)
+
+
+@dataclass
+class LoRAChanged:
+    """The answer to LoadLoRA or UnloadLoRA: the adapters now (name -> path), or why not."""
+
+    adapters: dict[str, str]
+    error: str | None = None
+    status: int = 200  # 400: refused adapter, 404: no such adapter
 
 
 @dataclass
