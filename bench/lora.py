@@ -1,0 +1,96 @@
+"""Multi-LoRA throughput: the embedded model (builtin:smollm2-135m) with N random LoRA
+adapters (rank 8 and 16, all seven projections) made and saved by PEFT, against the base
+model alone, same load (a closed batch of R requests, P prompt tokens, T greedy tokens
+each), one run, one engine. Prints tok/s per case and the ratio to the base; writes
+bench/results/lora.json. Target: >= 0.8x of the base with 8 adapters on CPU, with 64 on GPU.
+
+    .venv/bin/python bench/lora.py [--quick] [--adapters 1 8 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
+import torch  # noqa: E402
+
+
+def save_adapters(root: Path, config, n: int) -> dict[str, Path]:
+    """N adapters of the base's shapes, random A and B, saved by PEFT."""
+    import peft
+    import transformers
+
+    hf_config = transformers.LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim,
+    )  # fmt: skip
+    base = transformers.LlamaForCausalLM(hf_config)
+    out = {}
+    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for i in range(n):
+        rank = 8 if i % 2 == 0 else 16
+        model = peft.get_peft_model(base, peft.LoraConfig(r=rank, lora_alpha=rank, target_modules=modules,
+                                                          init_lora_weights=False))  # fmt: skip
+        out[f"a{i}"] = root / f"a{i}"
+        model.save_pretrained(out[f"a{i}"])
+        base = model.unload()
+    return out
+
+
+def run(engine, prompts: list[list[int]], names: list[str | None], max_tokens: int) -> float:
+    """Generated tokens per second of the whole closed batch."""
+    sp = common.greedy(max_tokens)
+    t0 = time.perf_counter()
+    for prompt, name in zip(prompts, names, strict=True):
+        engine.add_request(prompt, sp, lora_name=name)
+    generated = 0
+    while engine.has_unfinished_requests():
+        generated += sum(len(d.new_token_ids) for d in engine.step())
+    return generated / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="8 requests x 16 tokens, adapters 1 and 8")
+    ap.add_argument("--adapters", type=int, nargs="+", default=None)
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    counts = args.adapters or ([1, 8] if args.quick else [1, 8, 64])
+    requests = args.requests or (8 if args.quick else 64)
+    prompt_len, max_tokens = 32, 16 if args.quick else 32
+    loaded = common.setup(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters = save_adapters(Path(tmp), loaded.config, max(counts))
+        engine = common.engine(
+            max_model_len=512, enable_lora=True, max_loras=max(counts), max_lora_rank=16,
+            max_cpu_loras=max(counts), lora_modules=[f"{n}={p}" for n, p in adapters.items()],
+            num_threads=args.threads, max_num_seqs=max(requests, 1), enable_prefix_caching=False,
+        )  # fmt: skip
+        gen = torch.Generator().manual_seed(0)
+        vocab = loaded.config.vocab_size
+        prompts = [torch.randint(0, vocab, (prompt_len,), generator=gen).tolist() for _ in range(requests)]
+        run(engine, prompts[:2], [None, "a0"], 4)  # warm-up: both paths once
+        names = list(adapters)
+        cases = {"base": [None] * requests}
+        cases |= {f"{n}_adapters": [names[i % n] for i in range(requests)] for n in counts}
+        figures = {case: run(engine, prompts, who, max_tokens) for case, who in cases.items()}
+    base = figures["base"]
+    for case, tps in figures.items():
+        print(f"{case:>12}: {tps:8.1f} tok/s  {tps / base:5.2f}x of the base")
+    common.write("lora", {
+        "requests": requests, "prompt_tokens": prompt_len, "max_tokens": max_tokens, "threads": args.threads,
+        "tok_per_s": figures, "ratio_to_base": {c: t / base for c, t in figures.items()},
+        "target": "ratio >= 0.8 with 8 adapters on CPU, with 64 on GPU",
+    })  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
