@@ -73,11 +73,10 @@ def measure(model: str, spawned_at: float) -> dict:
     plan = startup.plan_memory(config, built)
     engine = LLMEngine(config, built, TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids), plan, 0.0)
     mark("kv_pool")
-    if engine.scheduler.time_budget_on:
-        engine.seed_cost_model()
+    profiled = engine.seed_cost_model() if engine.scheduler.time_budget_on else []
     engine.scheduler.costs = startup.measure_preemption_costs(
         config, built, engine.runner.kv_caches, engine.swap_pools, plan.num_blocks,
-        engine.swap_space.num_blocks, plan.kv_bytes_per_token)
+        engine.swap_space.num_blocks, plan.kv_bytes_per_token, prefill=startup.profiled_prefills(profiled))
     mark("warm_up")
     engine.add_request(list(range(1, 17)), SamplingParams(temperature=0.0, max_tokens=1), "first")
     while engine.has_unfinished_requests():

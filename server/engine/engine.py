@@ -245,8 +245,7 @@ class LLMEngine:
             captured = engine.runner.capture_graphs()
             log.info("CUDA graphs: %d decode sizes up to %d captured in %.1f s", len(captured.sizes),
                      captured.sizes[-1], captured.capture_seconds)  # fmt: skip
-        if engine.scheduler.time_budget_on:
-            engine.seed_cost_model()
+        profiled = engine.seed_cost_model() if engine.scheduler.time_budget_on else []
         # in every mode: auto chooses by them, and the advisor prices preemptions with them
         engine.scheduler.costs = startup.measure_preemption_costs(
             config,
@@ -256,11 +255,13 @@ class LLMEngine:
             plan.num_blocks,
             engine.swap_space.num_blocks,
             plan.kv_bytes_per_token,
+            prefill=startup.profiled_prefills(profiled),
         )
         return engine
 
-    def seed_cost_model(self) -> None:
-        """Time a few steps (step_profile.py) and seed the step cost model with them."""
+    def seed_cost_model(self) -> list[tuple[StepShape, float]]:
+        """Time a few steps (step_profile.py), seed the step cost model with them and
+        return them (their prefills also price a recompute preemption)."""
         t0 = time.perf_counter()
         samples = step_profile.profile_step_costs(
             self.runner, self.config, self.memory_plan.num_blocks
@@ -278,6 +279,7 @@ class LLMEngine:
             c.decode_token * 1e3,
             c.attended_pair * 1e3,
         )
+        return samples
 
     @property
     def model_name(self) -> str:

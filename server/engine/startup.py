@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
+from llmservice.kernels import kv_quant
 from llmservice.kernels.swap import copy_blocks, kv_pools
-from llmservice.server.config import CPU_KV_CACHE_GIB, EngineConfig
+from llmservice.server.config import CPU_KV_CACHE_GIB, ConfigError, EngineConfig
 from llmservice.server.engine import memory, spec_draft
+from llmservice.server.engine.cost_model import StepShape
 from llmservice.server.engine.host_tier import available_host_bytes, check_offload_fits
 from llmservice.server.engine.measure_key import measurement_key
 from llmservice.server.engine.runner import allocate_kv_caches
@@ -35,11 +38,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def check_kv_cache_dtype(kv_cache_dtype: str, device: torch.device) -> None:
+    """fp8 KV is read by the torch attention path only; the Triton kernels take the model's dtype."""
+    if kv_quant.is_fp8(kv_cache_dtype) and device.type != "cpu":
+        raise ConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype} is not supported on {device.type}: the Triton attention "
+            "kernels read KV in the model's dtype only; use --kv-cache-dtype auto (fp8 KV runs on CPU)"
+        )
+
+
 def plan_memory(config: EngineConfig, model: LlamaModel) -> memory.MemoryPlan:
     """How many KV blocks to allocate: an override, the CUDA budget after a profiled
     prefill, or the explicit CPU budget (default CPU_KV_CACHE_GIB)."""
-    # a draft model (speculative decoding) keeps its KV in the same blocks (spec_draft.py)
-    kv_per_token = model.kv_bytes_per_token(torch.tensor([], dtype=model.dtype).element_size())
+    check_kv_cache_dtype(config.kv_cache_dtype, model.device)
+    # a draft model (speculative decoding) keeps its KV in the same blocks (spec_draft.py),
+    # at the model's dtype whatever --kv-cache-dtype says
+    kv_per_token = model.kv_bytes_per_token(kv_quant.element_bytes(config.kv_cache_dtype, model.dtype))
     kv_per_token += spec_draft.draft_kv_bytes_per_token(config, model)
     weights = model.weight_bytes() + spec_draft.draft_weight_bytes(config, model)
     max_model_len = int(config.max_model_len)
@@ -116,10 +130,13 @@ def measure_preemption_costs(
     num_device_blocks: int,
     num_swap_blocks: int,
     kv_bytes_per_token: int,
+    prefill: tuple[tuple[int, float], ...] | None = None,
 ) -> PreemptionCosts:
     """Time prefills and block round trips (when there is swap space) at two sizes each,
     so `auto` compares this machine's real costs (fit_costs says how they are read) and
-    the advisor can price a preemption (exported as llmservice:preemption_* gauges)."""
+    the advisor can price a preemption (exported as llmservice:preemption_* gauges).
+    `prefill`: two (tokens, seconds) prefills already timed (the step-cost profile's,
+    see `profiled_prefills`), so start-up does not time prefills twice."""
     # A GPU needs sizes past launch overhead (prefills up to 1024 tokens, copies up to
     # 256 blocks) for the slopes to mean anything; on a CPU both are linear early.
     cuda = model.device.type == "cuda"
@@ -139,17 +156,8 @@ def measure_preemption_costs(
             torch.cuda.synchronize()
         return max(time.perf_counter() - t0, 1e-9)
 
-    n = min(1024 if cuda else 128, int(config.max_model_len), int(config.max_num_batched_tokens))
-    ids = [(i * 7919) % model.config.vocab_size for i in range(n)]
-    small = max(n // 8, 1)
-    key = measurement_key(model, n, bs)
-    if key not in _PREFILL_TIMINGS:  # once per process (tests and benchmarks build many engines)
-        # a CPU needs no second warm-up: its cost is the time, and the small run warmed it
-        _PREFILL_TIMINGS[key] = tuple(
-            (k, timed(lambda k=k: score_tokens(model, ids[:k], bs), warm_up=cuda or k == small))
-            for k in (small, n)
-        )
-    prefill = _PREFILL_TIMINGS[key]
+    if prefill is None:
+        prefill = timed_prefills(config, model, timed, cuda)
     round_trip = None
     nblocks = min(256 if cuda else 16, num_device_blocks, num_swap_blocks)
     if nblocks >= 2:
@@ -172,6 +180,37 @@ def measure_preemption_costs(
         log.info("preemption cost model: recompute %.3g s/token (prefill %.0f tok/s); no swap space",
                  costs.recompute_s_per_token, costs.prefill_tokens_per_s)  # fmt: skip
     return costs
+
+
+def timed_prefills(config: EngineConfig, model: LlamaModel, timed: Callable[..., float],
+                   cuda: bool) -> tuple[tuple[int, float], ...]:
+    """Two scored prefills, (tokens, seconds), when no step-cost profile ran."""
+    n = min(1024 if cuda else 128, int(config.max_model_len), int(config.max_num_batched_tokens))
+    ids = [(i * 7919) % model.config.vocab_size for i in range(n)]
+    small = max(n // 8, 1)
+    bs = config.block_size
+    key = measurement_key(model, n, bs)
+    if key not in _PREFILL_TIMINGS:  # once per process (tests and benchmarks build many engines)
+        # a CPU needs no second warm-up: its cost is the time, and the small run warmed it
+        _PREFILL_TIMINGS[key] = tuple(
+            (k, timed(lambda k=k: score_tokens(model, ids[:k], bs), warm_up=cuda or k == small))
+            for k in (small, n)
+        )
+    return _PREFILL_TIMINGS[key]
+
+
+def profiled_prefills(samples: list[tuple[StepShape, float]]) -> tuple[tuple[int, float], ...] | None:
+    """The step-cost profile's prefill-only steps of the smallest and largest size, as
+    (tokens, seconds): a recompute is such a prefill through the same runner, so these
+    price it without timing prefills again. None without two such sizes."""
+    prefills: dict[int, float] = {}
+    for shape, seconds in samples:
+        if shape.decode_tokens == 0 and shape.prefill_tokens > 0:
+            prefills.setdefault(shape.prefill_tokens, seconds)
+    if len(prefills) < 2:
+        return None
+    low, high = min(prefills), max(prefills)
+    return (low, prefills[low]), (high, prefills[high])
 
 
 _PREFILL_TIMINGS: dict[tuple, tuple[tuple[int, float], ...]] = {}
