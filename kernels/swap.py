@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from llmservice.kernels.kv_quant import as_bytes
 
 
 @dataclass
@@ -83,6 +84,8 @@ def copy_blocks(
     handle = BlockCopy()
     if not src_block_ids or not src_pools:
         return handle
+    # fp8 pools move as their bytes: torch has no float8 index_copy_ on CPU
+    src_pools, dst_pools = [as_bytes(p) for p in src_pools], [as_bytes(p) for p in dst_pools]
     src_dev, dst_dev = src_pools[0].device, dst_pools[0].device
     if src_dev.type == "cuda" and dst_dev.type == "cpu":
         _device_to_host(src_pools, dst_pools, src_block_ids, dst_block_ids, handle)

@@ -2,7 +2,8 @@
 
 Decode attention: on fp32 CPU pools the C kernel of cpu_attention.py reads K/V in place
 through the block tables; otherwise batched matmuls over K/V gathered through them;
-prefill chunks are one SDPA each (there are few per step). The causal rule for a
+prefill chunks are one SDPA each (there are few per step). fp8 pools (kv_quant.py) are
+dequantized as they are gathered, so they always take the gathering path. The causal rule for a
 chunk: new token i of a sequence with context length L and q new tokens sits at
 position L - q + i and sees positions 0..L - q + i.
 
@@ -15,7 +16,7 @@ would, so speculation changes no logit.
 
 import torch
 import torch.nn.functional as F
-from llmservice.kernels import cpu_attention, cpu_fused
+from llmservice.kernels import cpu_attention, cpu_fused, kv_quant
 from llmservice.kernels.metadata import AttentionMetadata
 
 SHORT_CHUNK_ROWS = 17  # 1 + the most speculative tokens a request verifies (spec_config.py)
@@ -28,7 +29,12 @@ def reshape_and_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter new K/V rows [T, Hkv, D] into the paged pools [N, bs, Hkv, D]."""
+    """Scatter new K/V rows [T, Hkv, D] into the paged pools [N, bs, Hkv, D] (quantized
+    for fp8 pools)."""
+    if kv_quant.is_quantized(k_cache):
+        kv_quant.write(k_cache, key, slot_mapping)
+        kv_quant.write(v_cache, value, slot_mapping)
+        return
     if cpu_fused.cache_fits(key, value, k_cache, v_cache):
         cpu_fused.cache_write(key, value, k_cache, v_cache, slot_mapping)
         return
@@ -37,11 +43,11 @@ def reshape_and_cache(
     v_cache.view(num_blocks * block_size, hkv, d).index_copy_(0, slot_mapping, value)
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """Contiguous [length, Hkv, D] view of one sequence's K or V."""
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """Contiguous [length, Hkv, D] copy of one sequence's K or V in `dtype`."""
     block_size = cache.shape[1]
     nblocks = (length + block_size - 1) // block_size
-    blocks = cache.index_select(0, block_table[:nblocks].long())
+    blocks = kv_quant.select_blocks(cache, block_table[:nblocks].long(), dtype)
     return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
 
 
@@ -113,8 +119,8 @@ def _decode_group(
     nblocks = (max_len + block_size - 1) // block_size
     width = nblocks * block_size
     flat_blocks = block_tables[:, :nblocks].reshape(-1).long()
-    k = k_cache.index_select(0, flat_blocks).view(bsz, width, hkv * d)
-    v = v_cache.index_select(0, flat_blocks).view(bsz, width, hkv * d)
+    k = kv_quant.select_blocks(k_cache, flat_blocks, q.dtype).view(bsz, width, hkv * d)
+    v = kv_quant.select_blocks(v_cache, flat_blocks, q.dtype).view(bsz, width, hkv * d)
     lens = torch.tensor(seq_lens_host, device=q.device)
     pad = (torch.arange(width, device=q.device)[None, :] >= lens[:, None])[:, None, :]  # [B, 1, W]
     out = torch.empty_like(q)
@@ -140,8 +146,8 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """One sequence's chunk of q_len new tokens q [q_len, Hq, D] over its paged context."""
     q_len = q.shape[0]
-    k = gather_kv(k_cache, block_table, seq_len).transpose(0, 1).unsqueeze(0)
-    v = gather_kv(v_cache, block_table, seq_len).transpose(0, 1).unsqueeze(0)
+    k = gather_kv(k_cache, block_table, seq_len, q.dtype).transpose(0, 1).unsqueeze(0)
+    v = gather_kv(v_cache, block_table, seq_len, q.dtype).transpose(0, 1).unsqueeze(0)
     qq = q.transpose(0, 1).unsqueeze(0)
     if q_len == seq_len:
         out = _sdpa(qq, k, v, scale, is_causal=True)

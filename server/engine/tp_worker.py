@@ -112,7 +112,8 @@ def build_rank(
         world.rank, world.size, os.getpid(), model.num_heads, model_config.num_heads, model.num_kv_heads,
         model_config.num_kv_heads, plan.describe(),
     )  # fmt: skip
-    runner = ModelRunner(model, plan.num_blocks, config.block_size, config.seed)
+    runner = ModelRunner(model, plan.num_blocks, config.block_size, config.seed,
+                         kv_cache_dtype=config.kv_cache_dtype)
     swap_space, swap_pools = startup.allocate_swap_space(
         config, runner.kv_caches, plan.kv_bytes_per_token
     )
