@@ -176,7 +176,7 @@ def test_finalizers_hold_deletion_until_removed(k):
     held = k.llms("fin")
     assert held["metadata"]["deletionTimestamp"]
     k.patch_llms("fin", {"metadata": {"finalizers": None}})
-    wait_until(lambda: k.get(f"{LLMS}/fin") is None, timeout=5)
+    wait_until(lambda: k.get(f"{LLMS}/fin") is None)
 
 
 def test_owner_reference_cascade(k):
