@@ -73,12 +73,36 @@ def _fields_named(message: str) -> list[str]:
     return named + ["spec.engine.extraArgs"]
 
 
+def lora_refusal(spec: LLMServiceSpec) -> str | None:
+    """What the bundled server cannot combine with LoRA adapters (server/lora/flags.py),
+    said in the LLMService's own fields before a pod would exit on `--enable-lora`."""
+    if not spec.adapters:
+        return None
+    names = ", ".join(a.name for a in spec.adapters)
+    tp = spec.engine.tensor_parallel_size
+    if tp > 1:
+        return (
+            f"spec.adapters ({names}) with spec.engine.tensorParallelSize {tp}: the llmservice engine "
+            "serves LoRA adapters on one rank only; set engine.tensorParallelSize 1 (a model that fits "
+            "one GPU), remove spec.adapters, or use engine.kind: vllm (LoRA with tensor parallelism)"
+        )
+    if spec.engine.speculative is not None:
+        return (
+            f"spec.adapters ({names}) with spec.engine.speculative: the llmservice engine does not "
+            "combine LoRA adapters with speculative decoding; remove one of them"
+        )
+    return None
+
+
 def check_engine(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> EngineSupport:
     """Parse and check the command the pods would run, as the server does at start."""
     if spec.engine.kind == "vllm":
         # Stock vLLM: the CRD's CEL rules refuse the flags it lacks (render_vllm.py);
         # what vLLM itself can run (architectures, TP, hf://) is vLLM's to judge.
         return SUPPORTED
+    refused = lora_refusal(spec)
+    if refused:
+        return EngineSupport(False, refused)
     argv = server_args(owner, spec, max_utilization)
     try:
         configs_from_args(parse_serve_argv(argv[1:]))

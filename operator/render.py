@@ -13,6 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from llmservice.operator.adapter_spec import (
+    ADAPTERS_MOUNT,
+    MODELS_MOUNT,
+    adapter_claims,
+    claim_volume,
+)
 from llmservice.operator.network_policy import render_network_policy
 from llmservice.operator.spec import API_VERSION, KIND, LLMServiceSpec
 from llmservice.server.cli_args import API_KEY_ENV as _KEY_VARS
@@ -20,7 +26,6 @@ from llmservice.server.cli_args import BY_NAME, to_argv
 
 PORT = BY_NAME["port"].default  # the server's default; rendered explicitly all the same
 CONTAINER = "server"
-MODELS_MOUNT = "/models"
 TP_MASTER_PORT = 29500  # tensor-parallel ranks rendezvous inside the pod (torch.distributed)
 CACHE_MOUNT = "/models-cache"
 FIELD_MANAGER = "llmservice-operator"
@@ -28,6 +33,8 @@ FIELD_MANAGER = "llmservice-operator"
 DEFAULT_SERVER_IMAGE = "ghcr.io/llmservice/llmservice:0.1.0"
 LABEL_SERVICE = "llmservice.dev/service"  # value: the LLMService name, on every child
 API_KEY_ENV = _KEY_VARS[0]  # the server reads --api-key from it (LLMSERVICE_API_KEY)
+# vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (both engines read it)
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 # preStop: the pod is already out of the EndpointSlices (terminating) but keeps serving
 # while kube-proxy, ingresses and client-side balancers catch up; only then SIGTERM
 # starts the server's drain. A sleep action needs no binary in the image.
@@ -182,8 +189,27 @@ def server_options(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -
         "speculative_config": e.speculative.to_json() if e.speculative else None,
         "max_tokens_default": e.max_tokens_default,  # None: left out
         "request_timeout_s": e.request_timeout_s,
+        **lora_options(spec),
         **source_options,
     }
+
+
+def lora_options(spec: LLMServiceSpec) -> dict[str, Any]:
+    """With spec.adapters: --enable-lora and the slot limits (None: left out). No adapter
+    is named on the command line: the operator loads them into running pods."""
+    e, on = spec.engine, bool(spec.adapters)
+    return {
+        "enable_lora": True if on else None,
+        "max_loras": e.max_loras if on else None,
+        "max_lora_rank": e.max_lora_rank if on else None,
+        "max_cpu_loras": e.max_cpu_loras if on else None,
+    }
+
+
+def uses_hub_cache(spec: LLMServiceSpec) -> bool:
+    """The pod has the Hub cache volume and HF_HOME: an hf:// model, or any adapters (so
+    an hf:// adapter added later downloads without a new pod template)."""
+    return spec.model.source.startswith("hf://") or bool(spec.adapters)
 
 
 def server_args(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -> list[str]:
@@ -208,7 +234,7 @@ def _volumes(spec: LLMServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str,
             {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         )
         mounts.append({"name": "model", "mountPath": MODELS_MOUNT, "readOnly": True})
-    elif source.startswith("hf://"):
+    if uses_hub_cache(spec):
         if spec.model.cache_claim_name:
             cache: dict[str, Any] = {
                 "persistentVolumeClaim": {"claimName": spec.model.cache_claim_name}
@@ -217,12 +243,15 @@ def _volumes(spec: LLMServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str,
             cache = {"emptyDir": {"sizeLimit": spec.model.cache_size}}
         volumes.append({"name": "models-cache", **cache})
         mounts.append({"name": "models-cache", "mountPath": CACHE_MOUNT})
+    for i, claim in enumerate(adapter_claims(spec.adapters, source)):
+        volumes.append({"name": claim_volume(i), "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": claim_volume(i), "mountPath": f"{ADAPTERS_MOUNT}/{claim}", "readOnly": True})
     return volumes, mounts
 
 
 def _env(spec: LLMServiceSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
-    if spec.model.source.startswith("hf://"):
+    if uses_hub_cache(spec):
         env.append({"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"})
         secret = spec.model.hf_token_secret
         if secret is not None:
@@ -236,6 +265,8 @@ def _env(spec: LLMServiceSpec) -> list[dict[str, Any]]:
         # the bundled engine's ranks rendezvous on the pod's loopback (torch.distributed)
         env.append({"name": "MASTER_ADDR", "value": "127.0.0.1"})
         env.append({"name": "MASTER_PORT", "value": str(TP_MASTER_PORT)})
+    if spec.adapters:
+        env.append({"name": RUNTIME_LORA_ENV, "value": "true"})
     if spec.engine.api_key_secret is not None:
         ref = spec.engine.api_key_secret
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

@@ -47,6 +47,10 @@ SHARED_OPTIONS = (
     "scheduling_policy",
     "dtype",
     "tensor_parallel_size",
+    "enable_lora",  # with spec.adapters only (render.lora_options)
+    "max_loras",
+    "max_lora_rank",
+    "max_cpu_loras",
 )
 # server/config.py options with an LLMService field that `vllm serve` does not have.
 # The CRD refuses them with engine.kind vllm (x-kubernetes-validations on engine), except

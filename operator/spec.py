@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmservice.operator.adapter_spec import AdapterSpec, adapters_from_list
 from llmservice.operator.catalog import Architecture
 from llmservice.operator.gateway_spec import GatewaySpec
 from llmservice.operator.network_policy import NetworkPolicySpec
@@ -106,6 +107,9 @@ SERVER_OPTIONS = {
     "shutdown_grace_seconds": "shutdown_grace_seconds",
     "max_tokens_default": "max_tokens_default",
     "request_timeout_s": "request_timeout_s",
+    "max_loras": "max_loras",  # rendered only with spec.adapters (render.py)
+    "max_lora_rank": "max_lora_rank",
+    "max_cpu_loras": "max_cpu_loras",
 }
 OPERATOR_ENGINE_FIELDS = (
     "image", "imagePullPolicy", "startupTimeoutSeconds", "extraArgs", "env", "apiKeySecretRef",
@@ -186,6 +190,9 @@ class EngineSpec:
     shutdown_grace_seconds: float = _default("shutdown_grace_seconds")
     max_tokens_default: int | None = _default("max_tokens_default")
     request_timeout_s: float | None = _default("request_timeout_s")
+    max_loras: int = _default("max_loras")
+    max_lora_rank: int = _default("max_lora_rank")
+    max_cpu_loras: int | None = _default("max_cpu_loras")
     # The pods get the key as LLMSERVICE_API_KEY from this Secret (never on the command line).
     api_key_secret: SecretKeyRef | None = None
     startup_timeout_seconds: int = 900
@@ -284,6 +291,7 @@ class LLMServiceSpec:
     network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
     router: RouterSpec = field(default_factory=RouterSpec)  # router_spec.py, render_router.py
     gateway: GatewaySpec = field(default_factory=GatewaySpec)  # render_gateway.py
+    adapters: tuple[AdapterSpec, ...] = ()  # LoRA adapters, loaded live (adapter_sync.py)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LLMServiceSpec:
@@ -296,6 +304,7 @@ class LLMServiceSpec:
             replicas=_get(data, "replicas", 1),
             router=RouterSpec.from_dict(data),
             gateway=GatewaySpec.from_dict(data.get("gateway")),
+            adapters=adapters_from_list(data.get("adapters")),
         )
 
     @property

@@ -164,10 +164,13 @@ class EngineConfig:
         'adapters served at start: name=path, or vLLM\'s JSON {"name": ..., "path": ..., "base_model_name": ...}',
         nargs="+",
     )
-    max_loras: int = arg(1, "--max-loras", "adapters in device slots at once (a step's distinct adapters)", type=int)
-    max_lora_rank: int = arg(16, "--max-lora-rank", "largest adapter rank served (the slots' padded rank)", type=int)
+    max_loras: int = arg(1, "--max-loras", "adapters in device slots at once (a step's distinct adapters)",
+                         type=int, crd="engine.maxLoras")
+    max_lora_rank: int = arg(16, "--max-lora-rank", "largest adapter rank served (the slots' padded rank)",
+                             type=int, crd="engine.maxLoraRank")
     max_cpu_loras: int | None = arg(
         None, "--max-cpu-loras", "parsed adapters kept in host memory, LRU (default: --max-loras)", type=int,
+        crd="engine.maxCpuLoras",
     )
     static_decode_inputs: bool | None = arg(
         None, "--static-decode-inputs",
