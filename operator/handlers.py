@@ -18,6 +18,7 @@ import kopf
 from llmservice.operator import kube as k
 from llmservice.operator import reconcile as rc
 from llmservice.operator import telemetry as tm
+from llmservice.operator.adapter_sync import AdapterSyncLoop
 from llmservice.operator.autoscale_loop import AutoscaleLoop, Sources
 from llmservice.operator.lws_support import lws_view
 from llmservice.operator.publish import StatusPublisher
@@ -228,6 +229,7 @@ def register_autoscaler(
     """The autoscaling loop: one asyncio task for the whole operator (see autoscale_loop.py
     for why it is not a per-object timer or daemon: those put finalizers on LLMServices)."""
     loop = AutoscaleLoop(kube, publisher)
+    adapters = AdapterSyncLoop(kube, publisher)  # spec.adapters into the ready pods (adapter_sync.py)
     pod_addresses = address_map()  # unset in a real cluster (llmservice/pod_address.py)
 
     @kopf.index("", "v1", "pods", id="llms_scrape_targets", labels=CHILD_LABELS, registry=registry)
@@ -270,14 +272,17 @@ def register_autoscaler(
         )
         loop.task = asyncio.create_task(loop.run(sources), name="autoscaler")
         memo["autoscaler"] = loop.task
+        adapters.task = asyncio.create_task(adapters.run(sources), name="adapter-sync")
+        memo["adapter_sync"] = adapters.task
 
     @kopf.on.cleanup(id="autoscaler", registry=registry)
     async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
-        task = memo.get("autoscaler")
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for name in ("autoscaler", "adapter_sync"):
+            task = memo.get(name)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     @kopf.on.probe(id="autoscaler", errors=kopf.ErrorsMode.PERMANENT, registry=registry)
     def autoscaler_health(**_: Any) -> dict[str, Any]:

@@ -40,13 +40,26 @@ class StatusPublisher:
         self._busy: set[Key] = set()
         self._pending: dict[Key, _Request] = {}
         self._published: dict[Key, tuple[str, dict[str, Any]]] = {}  # key -> (uid, status)
-        # Fields another loop owns (the autoscaler): written with ours, one merge patch.
-        self._extra: dict[Key, tuple[dict[str, Any], list[dict[str, str]]]] = {}
+        # Fields other loops own (the autoscaler, the adapter sync): written with ours, one
+        # merge patch; per object, per owner.
+        self._extra: dict[Key, dict[str, tuple[dict[str, Any], list[dict[str, str]]]]] = {}
 
-    def set_extra(self, key: Key, fields: dict[str, Any], conditions: list[dict[str, str]]) -> None:
-        """Status fields and conditions owned by someone else, included in every write."""
+    def set_extra(
+        self, key: Key, fields: dict[str, Any], conditions: list[dict[str, str]], owner: str = "autoscaler"
+    ) -> None:
+        """Status fields and conditions owned by someone else, included in every write;
+        each owner's call replaces only that owner's fields and conditions."""
         with self._guard:
-            self._extra[key] = (dict(fields), list(conditions))
+            self._extra.setdefault(key, {})[owner] = (dict(fields), list(conditions))
+
+    def _merged_extra(self, key: Key) -> tuple[dict[str, Any], list[dict[str, str]]]:
+        fields: dict[str, Any] = {}
+        conditions: list[dict[str, str]] = []
+        with self._guard:
+            for owned_fields, owned_conditions in self._extra.get(key, {}).values():
+                fields.update(owned_fields)
+                conditions += owned_conditions
+        return fields, conditions
 
     def publish(
         self,
@@ -86,8 +99,7 @@ class StatusPublisher:
         cached_uid, last = self._published.get(key, ("", {}))
         if cached_uid != uid:
             last = dict(body.get("status") or {})
-        with self._guard:
-            extra, extra_conditions = self._extra.get(key, ({}, []))
+        extra, extra_conditions = self._merged_extra(key)
         generation = request.observed_generation
         # Conditions carry the generation a reconcile observed: a child's event (no
         # generation of its own) may arrive before the reconcile of a new spec, and must

@@ -49,6 +49,8 @@ class Shape:
     max_num_seqs: int
     block_size: int
     pipeline_parallel_size: int = 1  # stages hold 1/PP of the layers each (vLLM)
+    lora_slots: int = 0  # engine.maxLoras with spec.adapters (0: no LoRA slot pool)
+    lora_rank: int = 0  # engine.maxLoraRank, the slots' padded rank
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,12 @@ class MemoryPlan:
     estimated_max_concurrent_sequences: int  # sequences of max_model_len tokens at once
     gpu_memory_utilization: float
     shape_source: str = "catalog"  # spec.model.architecture | catalog:NAME | hub:REPO@COMMIT
+    lora_slots_gib_per_gpu: float = 0.0  # the LoRA device slot pool (spec.adapters)
 
     def as_status(self) -> dict[str, float | int | str]:
+        lora = {"loraSlotsGiBPerGPU": round(self.lora_slots_gib_per_gpu, 3)} if self.lora_slots_gib_per_gpu else {}
         return {
+            **lora,
             "budgetGiBPerGPU": round(self.budget_gib_per_gpu, 2),
             "weightsGiBPerGPU": round(self.weights_gib_per_gpu, 2),
             "activationReserveGiBPerGPU": round(self.activation_reserve_gib_per_gpu, 2),
@@ -100,6 +105,32 @@ def kv_heads_per_gpu(arch: Architecture, tp: int) -> int:
     return max(1, math.ceil(arch.num_key_value_heads / tp))
 
 
+def lora_projection_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
+    """(in, out) of the seven LoRA-servable projections (server/lora/fit.py)."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    return {
+        "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+        "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+    }  # fmt: skip
+
+
+ROW_PARALLEL = ("o_proj", "down_proj")  # their input is split across ranks, the others' output
+
+
+def lora_pool_bytes(arch: Architecture, slots: int, rank: int, nbytes: int, tp: int = 1, layers: int | None = None) -> int:
+    """The device slot pool the engine allocates before its memory plan
+    (server/lora/weights.py): per layer and projection, A [slots, rank, in] and
+    B [slots, out, rank]. With TP (vLLM) a rank holds the split side's 1/TP share."""
+    per_slot = 0
+    for module, (fan_in, fan_out) in lora_projection_shapes(arch).items():
+        if module in ROW_PARALLEL:
+            per_slot += rank * math.ceil(fan_in / tp) + fan_out * rank
+        else:
+            per_slot += rank * fan_in + math.ceil(fan_out / tp) * rank
+    return slots * per_slot * (arch.num_layers if layers is None else layers) * nbytes
+
+
 def plan_memory(shape: Shape) -> MemoryPlan:
     """Weights, activation reserve and KV cache per GPU for one configuration. With
     pipeline parallelism each GPU holds 1/(TP x PP) of the weights and the KV cache of
@@ -112,7 +143,8 @@ def plan_memory(shape: Shape) -> MemoryPlan:
     stage_layers = math.ceil(arch.num_layers / pp)
     kv_per_token_gpu = 2 * stage_layers * kv_heads_per_gpu(arch, tp) * arch.head_dim * nbytes
     reserve = activation_reserve_bytes(shape)
-    kv_cache = max(0.0, budget - weights - reserve)
+    lora = lora_pool_bytes(arch, shape.lora_slots, shape.lora_rank, nbytes, tp, stage_layers)
+    kv_cache = max(0.0, budget - weights - reserve - lora)
     blocks = int(kv_cache // (kv_per_token_gpu * shape.block_size))
     return MemoryPlan(
         budget_gib_per_gpu=budget / GIB,
@@ -125,6 +157,7 @@ def plan_memory(shape: Shape) -> MemoryPlan:
         estimated_kv_blocks=blocks,
         estimated_max_concurrent_sequences=blocks * shape.block_size // shape.max_model_len,
         gpu_memory_utilization=shape.utilization,
+        lora_slots_gib_per_gpu=lora / GIB,
     )
 
 
@@ -230,18 +263,21 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs,
         block_size=engine.block_size,
+        lora_slots=engine.max_loras if spec.adapters else 0,
+        lora_rank=engine.max_lora_rank if spec.adapters else 0,
     )
     if not on_gpu:
         return _cpu_fit(
             shape, engine.kv_cache_memory_gib or CPU_KV_CACHE_GIB, builtin_cpu_weight_bytes(spec)
         )
     plan = plan_memory(shape)
+    lora = lora_term(shape, plan)
     if sequence_fits(plan, shape.max_model_len):
         return FitResult(
             "True",
             "Fits",
             f"weights {plan.weights_gib_per_gpu:.1f} GiB + activations "
-            f"{plan.activation_reserve_gib_per_gpu:.1f} GiB + KV cache "
+            f"{plan.activation_reserve_gib_per_gpu:.1f} GiB{lora} + KV cache "
             f"{plan.kv_cache_gib_per_gpu:.1f} GiB per GPU within "
             f"{plan.budget_gib_per_gpu:.1f} GiB ({shape.gpu_memory_gib:g} GiB x {utilization:.2f}); "
             f"about {plan.estimated_max_concurrent_sequences} sequences of "
@@ -250,11 +286,11 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
         )
     longest = largest_max_model_len(plan)
     tp = smallest_tensor_parallel_size(shape)
-    need = plan.weights_gib_per_gpu + plan.activation_reserve_gib_per_gpu
+    need = plan.weights_gib_per_gpu + plan.activation_reserve_gib_per_gpu + plan.lora_slots_gib_per_gpu
     lead = (
         f"one sequence of maxModelLen {shape.max_model_len} does not fit: weights "
-        f"{plan.weights_gib_per_gpu:.1f} GiB + activations {plan.activation_reserve_gib_per_gpu:.1f} GiB "
-        f"per GPU leave {max(0.0, plan.budget_gib_per_gpu - need):.1f} GiB of the "
+        f"{plan.weights_gib_per_gpu:.1f} GiB + activations {plan.activation_reserve_gib_per_gpu:.1f} GiB"
+        f"{lora} per GPU leave {max(0.0, plan.budget_gib_per_gpu - need):.1f} GiB of the "
         f"{plan.budget_gib_per_gpu:.1f} GiB budget ({shape.gpu_memory_gib:g} GiB x {utilization:.2f}) "
         f"for KV cache, which needs {plan.kv_bytes_per_token_per_gpu} bytes per token per GPU"
     )
@@ -277,6 +313,16 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
         plan=plan,
         largest_max_model_len=longest,
         smallest_tensor_parallel_size=tp,
+    )
+
+
+def lora_term(shape: Shape, plan: MemoryPlan) -> str:
+    """The LoRA slot pool in a fit message, with the numbers that size it ('' without)."""
+    if not shape.lora_slots:
+        return ""
+    return (
+        f" + LoRA slots {plan.lora_slots_gib_per_gpu:.2f} GiB (engine.maxLoras {shape.lora_slots} x "
+        f"engine.maxLoraRank {shape.lora_rank}, 7 projections x {shape.architecture.num_layers} layers)"
     )
 
 
