@@ -13,6 +13,10 @@ in which case stage 1 writes the output itself and stage 2 is not launched.
 GQA: one stage-1 program serves all query heads that share a KV head (padded to a tile
 of >= 16 rows for tl.dot), so each K/V byte is read once per KV head, not once per query
 head. Inputs may be fp16, bf16 or fp32; scores, softmax and accumulators are fp32.
+
+fp8 pools (kv_quant.py) are read as bytes: KV_FP8 decodes each e4m3 K/V value
+(triton_fp8.py), multiplies it by its pool's scale and rounds it to q's dtype, the
+values the torch path's dequantizing gather gives, before the same dot products.
 """
 
 import functools
@@ -20,7 +24,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from llmservice.kernels import kv_quant
 from llmservice.kernels.triton_common import dot_config, emulate_bf16, round_bf16
+from llmservice.kernels.triton_fp8 import e4m3_to_f32
 
 LOG2E = 1.4426950408889634
 MIN_TOKENS_PER_SPLIT = 256
@@ -37,6 +43,8 @@ def _decode_split_kernel(
     mid_lse_ptr,
     out_ptr,
     qk_scale,
+    k_scale,
+    v_scale,
     num_splits,
     stride_q_b,
     stride_q_h,
@@ -60,6 +68,7 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Stage 1: one KV range of one sequence for all query heads of one KV head.
 
@@ -104,11 +113,21 @@ def _decode_split_kernel(
         page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         token = (page * stride_kv_blk + (offs_n % PAGE_SIZE) * stride_kv_tok)[:, None]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_base + token, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + token, mask=kv_mask, other=0.0)
-        if EMULATE_BF16:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        if KV_FP8:  # e4m3 bytes times the pool's scale, in q's dtype (as torch_ops reads them)
+            k = e4m3_to_f32(tl.load(k_base + token, mask=kv_mask, other=0)) * k_scale
+            v = e4m3_to_f32(tl.load(v_base + token, mask=kv_mask, other=0)) * v_scale
+            if EMULATE_BF16:
+                k = round_bf16(k)
+                v = round_bf16(v)
+            else:
+                k = k.to(q_ptr.dtype.element_ty)
+                v = v.to(q_ptr.dtype.element_ty)
+        else:
+            k = tl.load(k_base + token, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + token, mask=kv_mask, other=0.0)
+            if EMULATE_BF16:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -253,7 +272,8 @@ def paged_decode_attention(
     `max_seq_len` (a host int) sizes the split count without a device sync; pass
     `num_splits` to fix it (tests, CUDA graphs). `workspace` reuses preallocated
     stage-1 buffers (see `decode_workspace`); with one split there is no stage 2 and no
-    workspace. Every sequence must have seq_len >= 1.
+    workspace. Every sequence must have seq_len >= 1. fp8 pools are read with their own
+    scales (`kv_scale`, kv_quant.py).
     """
     batch, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -282,16 +302,20 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     block_n = _block_n(head_dim)
+    fp8 = kv_quant.is_quantized(k_cache)
+    assert kv_quant.is_quantized(v_cache) == fp8, "K and V pools share one dtype"
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
-        k_cache,
-        v_cache,
+        kv_quant.as_bytes(k_cache),
+        kv_quant.as_bytes(v_cache),
         block_tables,
         seq_lens,
         mid_o,
         mid_lse,
         out,
         scale * LOG2E,
+        kv_quant.scale_of(k_cache),
+        kv_quant.scale_of(v_cache),
         num_splits,
         q.stride(0),
         q.stride(1),
@@ -310,6 +334,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         PAGE_SIZE=page_size,
         SINGLE_SPLIT=single,
+        KV_FP8=fp8,
         num_warps=num_warps,
         num_stages=num_stages,
         **dot_config(_decode_split_kernel, q.dtype),

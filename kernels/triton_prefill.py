@@ -17,13 +17,19 @@ are skipped) with one causal mask on every tile: a separate unmasked loop for th
 below the diagonal would save a compare-and-select per score on a GPU, but doubles the
 code and, under the interpreter, the per-op cost. Softmax is online (flash-attention),
 in fp32 and in the log2 domain.
+
+fp8 pools (kv_quant.py) are read as bytes: KV_FP8 decodes each e4m3 K/V value
+(triton_fp8.py), multiplies it by its pool's scale and rounds it to q's dtype, the
+values the torch path's dequantizing gather gives, before the same dot products.
 """
 
 import torch
 import triton
 import triton.language as tl
+from llmservice.kernels import kv_quant
 from llmservice.kernels.triton_common import dot_config, round_bf16
 from llmservice.kernels.triton_decode import LOG2E
+from llmservice.kernels.triton_fp8 import e4m3_to_f32
 
 
 @triton.jit
@@ -37,6 +43,8 @@ def _prefill_kernel(
     query_start_loc_ptr,
     first_seq,
     qk_scale,
+    k_scale,
+    v_scale,
     stride_q_t,
     stride_q_h,
     stride_o_t,
@@ -54,6 +62,7 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
     seq = first_seq + tl.program_id(1)
@@ -99,11 +108,21 @@ def _prefill_kernel(
         page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         token = (page * stride_kv_blk + (offs_n % PAGE_SIZE) * stride_kv_tok)[:, None]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_base + token, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + token, mask=kv_mask, other=0.0)
-        if EMULATE_BF16:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        if KV_FP8:  # e4m3 bytes times the pool's scale, in q's dtype (as torch_ops reads them)
+            k = e4m3_to_f32(tl.load(k_base + token, mask=kv_mask, other=0)) * k_scale
+            v = e4m3_to_f32(tl.load(v_base + token, mask=kv_mask, other=0)) * v_scale
+            if EMULATE_BF16:
+                k = round_bf16(k)
+                v = round_bf16(v)
+            else:
+                k = k.to(q_ptr.dtype.element_ty)
+                v = v.to(q_ptr.dtype.element_ty)
+        else:
+            k = tl.load(k_base + token, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + token, mask=kv_mask, other=0.0)
+            if EMULATE_BF16:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
         # one mask covers causality and the ragged end (offs_n >= kv_end > pos_q never both)
         s = tl.where(offs_n[None, :] <= pos_q, s, float("-inf"))
@@ -155,6 +174,7 @@ def paged_prefill_attention(
     query_start_loc [B + 1] gives each sequence's rows in q; only the rows of sequences
     first_seq..first_seq + num_seqs - 1 are written to `out` (decodes placed before
     them are left alone). `max_query_len` (host int) sizes the grid without a sync.
+    fp8 pools are read with their own scales (`kv_scale`, kv_quant.py).
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
@@ -173,16 +193,20 @@ def paged_prefill_attention(
     block_n = block_n or default_n
     block_q = block_m // group
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
+    fp8 = kv_quant.is_quantized(k_cache)
+    assert kv_quant.is_quantized(v_cache) == fp8, "K and V pools share one dtype"
     _prefill_kernel[grid](
         q,
         out,
-        k_cache,
-        v_cache,
+        kv_quant.as_bytes(k_cache),
+        kv_quant.as_bytes(v_cache),
         block_tables,
         seq_lens,
         query_start_loc,
         first_seq,
         scale * LOG2E,
+        kv_quant.scale_of(k_cache),
+        kv_quant.scale_of(v_cache),
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -198,6 +222,7 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE_SIZE=page_size,
+        KV_FP8=fp8,
         num_warps=num_warps,
         num_stages=num_stages,
         **dot_config(_prefill_kernel, q.dtype),
