@@ -11,6 +11,11 @@ lazily, on the first Triton call, and on a machine without CUDA that first impor
 TRITON_INTERPRET=1 unless the user set it already. If they were already imported in
 compiled mode (a CUDA machine) and are then handed CPU tensors, the call fails with a
 message saying to start the process with TRITON_INTERPRET=1.
+
+fp8 KV pools (`--kv-cache-dtype fp8`, kv_quant.py) take the same routes: the Triton
+kernels write and read e4m3 bytes with each pool's own scale (its `kv_scale`, read by
+the kernels' wrappers at each call and passed to the launch as a constant), the torch
+path quantizes and dequantizes as it scatters and gathers.
 """
 
 import os

@@ -3,7 +3,7 @@ LLMSERVICE_KERNELS=triton|torch overrides. Both paths must agree on a model-like
 
 import pytest
 import torch
-from llmservice.kernels import ops, reference, torch_ops, triton_decode, triton_prefill
+from llmservice.kernels import kv_quant, ops, reference, torch_ops, triton_decode, triton_prefill
 from llmservice.kernels.random_batch import make_paged_batch
 
 
@@ -19,8 +19,9 @@ def test_backend_choice(monkeypatch):
     assert ops.backend_for(cpu) == "torch"
 
 
-def _step(path: str, monkeypatch, dtype=torch.float32):
-    """One attention layer of a mixed step through ops: rotary, KV write, attention."""
+def _step(path: str, monkeypatch, dtype=torch.float32, kv_fp8=False):
+    """One attention layer of a mixed step through ops: rotary, KV write, attention
+    (with kv_fp8, into e4m3 pools with their own K and V scales, as the engine makes them)."""
     monkeypatch.setenv("LLMSERVICE_KERNELS", path)
     batch = make_paged_batch(
         [(1, 50), (1, 9), (12, 12), (6, 40)],
@@ -31,6 +32,10 @@ def _step(path: str, monkeypatch, dtype=torch.float32):
         dtype=dtype,
         seed=5,
     )
+    if kv_fp8:
+        for pool, scale in ((batch.k_cache, 0.02), (batch.v_cache, 0.03)):
+            pool.data = kv_quant.quantize(pool, scale)
+            kv_quant.set_scale(pool, scale)
     meta = batch.meta
     gen = torch.Generator().manual_seed(9)
     tokens = batch.q.shape[0]
@@ -69,6 +74,24 @@ def test_forced_triton_matches_torch_and_reference(monkeypatch, reference_attent
     want = reference_attention(batch, q)
     reference.assert_close(via_triton, want, torch.float32)
     reference.assert_close(via_torch, want, torch.float32)
+
+
+def test_fp8_pools_dispatch_to_the_triton_kernels_with_their_scales(monkeypatch):
+    """What the engine does on CUDA with --kv-cache-dtype fp8: ops sends the e4m3 pools
+    to the Triton kernels, which write and read them as the torch (CPU) path does."""
+    calls = []
+    real = triton_decode.paged_decode_attention
+    monkeypatch.setattr(triton_decode, "paged_decode_attention",
+                        lambda *a, **k: calls.append(kv_quant.scale_of(a[1])) or real(*a, **k))  # fmt: skip
+    via_torch, (_, torch_batch, _) = _step("torch", monkeypatch, kv_fp8=True)
+    via_triton, (_, triton_batch, _) = _step("triton", monkeypatch, kv_fp8=True)
+    assert calls == [0.02]
+    for name in ("k_cache", "v_cache"):
+        a, b = getattr(torch_batch, name), getattr(triton_batch, name)
+        assert a.dtype == b.dtype == kv_quant.FP8
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    reference.assert_close(via_triton, via_torch, torch.float32)
+    assert not torch.equal(via_triton, _step("triton", monkeypatch)[0])  # 8-bit KV really read
 
 
 def test_forced_triton_norms_match_torch(monkeypatch):
