@@ -94,7 +94,7 @@ class EngineConfig:
                                     type=float)
     kv_cache_dtype: str = arg("auto", "--kv-cache-dtype",
                               "KV cache storage: auto (the model's dtype), fp8 / fp8_e4m3 (8-bit e4m3 "
-                              "with a calibrated scale per layer; CPU only)",
+                              "with a calibrated scale per layer; CPU and CUDA)",
                               choices=KV_CACHE_DTYPES)
     gpu_memory_utilization: float = arg(0.90, "--gpu-memory-utilization",
                                         "share of the GPU's memory the engine may use",

@@ -38,12 +38,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+FP8_KV_DEVICES = ("cpu", "cuda")  # the torch path on CPU, the Triton kernels on CUDA
+
+
 def check_kv_cache_dtype(kv_cache_dtype: str, device: torch.device) -> None:
-    """fp8 KV is read by the torch attention path only; the Triton kernels take the model's dtype."""
-    if kv_quant.is_fp8(kv_cache_dtype) and device.type != "cpu":
+    """fp8 KV needs an attention path that reads e4m3 pools: the torch path (CPU) or the
+    Triton kernels (CUDA); any other device would fail at the first step, so refuse it here."""
+    if kv_quant.is_fp8(kv_cache_dtype) and device.type not in FP8_KV_DEVICES:
         raise ConfigError(
-            f"--kv-cache-dtype {kv_cache_dtype} is not supported on {device.type}: the Triton attention "
-            "kernels read KV in the model's dtype only; use --kv-cache-dtype auto (fp8 KV runs on CPU)"
+            f"--kv-cache-dtype {kv_cache_dtype} is not supported on {device.type}: 8-bit KV runs on "
+            "cpu (torch attention path) and cuda (Triton kernels); use --kv-cache-dtype auto"
         )
 
 

@@ -8,6 +8,7 @@ prefill (mixed decode + prefill steps) and prefix-cache hits.
 
 import pytest
 from llmservice.kernels import (
+    kv_quant,
     triton_cache,
     triton_decode,
     triton_norm,
@@ -58,9 +59,12 @@ def triton_calls(monkeypatch):
     return calls
 
 
-def test_greedy_tokens_match_torch_path(monkeypatch, triton_calls):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_greedy_tokens_match_torch_path(kv_cache_dtype, monkeypatch, triton_calls):
+    """fp8: e4m3 pools, written and read by the Triton kernels as the engine does on CUDA."""
     # no prefix caching: the Triton run must compute its own KV, not reuse torch's blocks
-    engine = _engine(enable_prefix_caching=False)
+    engine = _engine(enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype)
+    assert (engine.runner.kv_caches[0][0].dtype == kv_quant.FP8) == (kv_cache_dtype == "fp8")
     prompt = ["The capital of France is"]
     monkeypatch.setenv("LLMSERVICE_KERNELS", "torch")
     want = _tokens(_generate(engine, prompt, max_tokens=3))
