@@ -85,10 +85,11 @@ async def sync_pod(
     errors: dict[str, str] = {}
     for name in plan.unload:
         answer = await _post(client, f"{base_url}/v1/unload_lora_adapter", {"lora_name": name}, headers)
-        if answer is None or answer.status_code == 404:  # gone already
+        if answer is not None and answer.status_code in (200, 404):  # 404: gone already
             loaded.pop(name, None)
         elif name in desired:
-            errors[name] = f"unloading the previous source: {_message(answer)}"
+            why = _message(answer) if answer is not None else "no answer"
+            errors[name] = f"unloading the previous source: {why}"
     for name, path in plan.load:
         if name in loaded:
             continue  # its unload failed: reported above

@@ -111,9 +111,10 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
              "root": state.model_root, "parent": None, "max_model_len": state.max_model_len}
             for name in state.served_model_names
         ]
-        adapters = [  # as vLLM lists them: root = the adapter's path, parent = the base model's id
+        adapters = [  # as vLLM lists them: root = the adapter's path (an hf:// one as given), parent = the base
             {"id": name, "object": "model", "created": state.created, "owned_by": "llmservice",
-             "root": path, "parent": state.model_name, "max_model_len": state.max_model_len}
+             "root": state.lora_sources.get(path, path), "parent": state.model_name,
+             "max_model_len": state.max_model_len}
             for name, path in sorted(state.engine.lora_adapters.items())
         ]
         return {"object": "list", "data": base + adapters}

@@ -15,6 +15,7 @@ import sys
 
 from llmservice.server.cli_args import configs_from_args
 from llmservice.server.config import ConfigError
+from llmservice.server.lora.sources import AdapterSourceError, localize_lora_modules
 from llmservice.server.model.hub import HubFetchError, localize
 
 log = logging.getLogger("llmservice.serve")
@@ -46,6 +47,11 @@ def serve(args: argparse.Namespace) -> int:
         config = localize(config, server.revision, server.download_dir)
     except HubFetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:  # hf:// --lora-modules too (server/lora/sources.py)
+        config, lora_sources = localize_lora_modules(config, server.download_dir)
+    except AdapterSourceError as exc:
+        print(f"error: --lora-modules: {exc}", file=sys.stderr)
         return 1
     from llmservice.server.api.app import create_app
     from llmservice.server.api.engine_client import EngineClient, EngineStartError
@@ -80,6 +86,8 @@ def serve(args: argparse.Namespace) -> int:
         tool_call_parser=server.tool_call_parser,
         api_key=server.api_key,
         max_request_body_bytes=server.max_request_body_bytes,
+        download_dir=server.download_dir,
+        lora_sources=lora_sources,
     )
     metrics = ServerMetrics(
         names[0],

@@ -6,6 +6,7 @@ unknown one a 404; either way the adapters already loaded stay as they were."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,7 @@ from fastapi.responses import PlainTextResponse
 from llmservice.server.api.errors import APIError
 from llmservice.server.api.protocol import APIModel, ErrorResponse
 from llmservice.server.engine.messages import LoadLoRA, UnloadLoRA
+from llmservice.server.lora.sources import AdapterSourceError, resolve_adapter_path
 
 RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 controls = APIRouter(tags=["LoRA adapters"])
@@ -55,8 +57,18 @@ def _engine(raw: Request) -> Any:
 
 @controls.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
 async def load_lora_adapter(body: LoadLoRARequest, raw: Request):
-    """Read, check and serve an adapter under `lora_name` (a request's `model`)."""
-    answer = await _engine(raw).change_lora(LoadLoRA(body.lora_name, body.lora_path))
+    """Read, check and serve an adapter under `lora_name` (a request's `model`); an
+    hf://ORG/NAME[@REVISION] path is downloaded first, on a worker thread."""
+    engine, state = _engine(raw), raw.app.state.server
+    path = body.lora_path
+    if body.lora_name not in engine.lora_adapters:  # a name already loaded: the engine's 400, no download
+        try:
+            path = await asyncio.to_thread(resolve_adapter_path, body.lora_name, body.lora_path, state.download_dir)
+        except AdapterSourceError as err:
+            raise APIError(400, str(err), "lora_path") from None
+        if path != body.lora_path:
+            state.lora_sources[path] = body.lora_path
+    answer = await engine.change_lora(LoadLoRA(body.lora_name, path))
     if answer.error is not None:
         raise APIError(answer.status, answer.error, "lora_path" if answer.status == 400 else "lora_name")
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")

@@ -47,6 +47,8 @@ class ServerState:
     tool_call_parser: str | None = None  # --tool-call-parser (None: JSON or Hermes, by the answer's start)
     api_key: str | None = None  # --api-key (checked by guards.APIKeyMiddleware)
     max_request_body_bytes: int = 16 * 1024 * 1024
+    download_dir: str | None = None  # --download-dir: where hf:// adapters are downloaded too
+    lora_sources: dict[str, str] = field(default_factory=dict)  # an hf:// adapter's folder -> its reference
     draining: bool = False
     reserved: int = 0  # engine requests admitted but not yet registered with the engine client (tokenizing)
     created: int = field(default_factory=lambda: int(time.time()))
