@@ -25,7 +25,8 @@ class RouterMetrics:
         )  # fmt: skip
         self.decisions = Counter(
             "llmservice_router_routing_decisions", "Routing decisions by reason "
-            "(prefix, least-loaded, no-prefix, round-robin, retry).", ["reason"], registry=r,
+            "(prefix, least-loaded, no-prefix, round-robin, retry, lora-affinity, lora-slot).",
+            ["reason"], registry=r,
         )  # fmt: skip
         self.wakes = Counter(
             "llmservice_router_scale_from_zero",

@@ -5,16 +5,22 @@ the requests this router has in flight to it). The scrape sees every router's tr
 (two routers need nothing shared); the local count covers the time between scrapes.
 A pod that refused a connection is skipped for `FAILED_FOR_S` or until a scrape of it
 succeeds again. `changed` wakes held requests whenever the set of pods changes.
+LoRA adapters of a pod, likewise: those its scrape reports active, plus those of this
+router's own requests in flight to it; the adapters it serves come from its /v1/models
+and from every adapter seen active on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from llmservice.router.endpoints import Endpoint
-from llmservice.router.routing import Choice, Ring, choose, round_robin
+from llmservice.router.lora_info import LoraInfo
+from llmservice.router.pod_load import PodLoad
+from llmservice.router.routing import Choice, Ring, round_robin, route
 
 FAILED_FOR_S = 5.0
 
@@ -27,6 +33,11 @@ class PodPool:
         self.scraped: dict[str, float] = {}
         self.in_flight: dict[str, int] = {}
         self.failed_until: dict[str, float] = {}
+        self.waiting: dict[str, float] = {}
+        self.lora: dict[str, LoraInfo] = {}
+        self.served: dict[str, frozenset[str]] = {}
+        self.models_read_at: dict[str, float] = {}
+        self.adapters_in_flight: dict[str, Counter[str]] = {}
         self._changed = asyncio.Event()
         self._rr = 0
 
@@ -39,7 +50,8 @@ class PodPool:
         self.endpoints = dict(endpoints)
         if set(endpoints) != self.ring.pods:
             self.ring = Ring(endpoints)
-        for table in (self.scraped, self.failed_until):
+        for table in (self.scraped, self.waiting, self.failed_until, self.lora, self.served,
+                      self.models_read_at):  # fmt: skip
             for gone in [p for p in table if p not in endpoints]:
                 del table[gone]
         self._changed.set()
@@ -57,10 +69,33 @@ class PodPool:
     def mark_failed(self, pod: str) -> None:
         self.failed_until[pod] = self.clock() + FAILED_FOR_S
 
-    def set_scraped(self, pod: str, load: float) -> None:
+    def set_scraped(
+        self, pod: str, load: float, lora: LoraInfo | None = None, waiting: float = 0.0
+    ) -> None:
         if pod in self.endpoints:
             self.scraped[pod] = load
+            self.waiting[pod] = waiting
             self.failed_until.pop(pod, None)
+            if lora is None:
+                self.lora.pop(pod, None)
+                return
+            info = lora.after(self.lora.get(pod))
+            self.lora[pod] = info
+            self.served[pod] = self.served.get(pod, frozenset()) | (info.active or frozenset())
+
+    def set_served(self, pod: str, adapters: frozenset[str]) -> None:
+        """The adapters the pod lists in /v1/models (with those seen active on it)."""
+        if pod in self.endpoints:
+            info = self.lora.get(pod)
+            self.served[pod] = adapters | (info.active if info and info.active else frozenset())
+
+    def models_due(self, pod: str, every_s: float) -> bool:
+        """Whether to read the pod's /v1/models now (at most every `every_s`); marks it read."""
+        now = self.clock()
+        if now - self.models_read_at.get(pod, -every_s) < every_s:
+            return False
+        self.models_read_at[pod] = now
+        return True
 
     def failed(self) -> set[str]:
         now = self.clock()
@@ -72,15 +107,41 @@ class PodPool:
             for p in self.endpoints
         }
 
-    def started(self, pod: str) -> None:
-        self.in_flight[pod] = self.in_flight.get(pod, 0) + 1
+    def pod_loads(self) -> dict[str, PodLoad]:
+        """Each pod's record for `routing.route`."""
+        out = {}
+        for pod, load in self.loads().items():
+            info = self.lora.get(pod)
+            active = (info.active if info and info.active else frozenset()) | frozenset(
+                self.adapters_in_flight.get(pod, ())
+            )
+            out[pod] = PodLoad(
+                requests=load,
+                waiting=self.waiting.get(pod, 0.0),
+                active_adapters=active,
+                max_lora=info.max_lora if info else 0,
+                served_adapters=self.served.get(pod, frozenset()) | active,
+            )
+        return out
 
-    def finished(self, pod: str) -> None:
+    def started(self, pod: str, adapter: str | None = None) -> None:
+        self.in_flight[pod] = self.in_flight.get(pod, 0) + 1
+        if adapter:
+            self.adapters_in_flight.setdefault(pod, Counter())[adapter] += 1
+
+    def finished(self, pod: str, adapter: str | None = None) -> None:
         left = self.in_flight.get(pod, 1) - 1
         if left > 0:
             self.in_flight[pod] = left
         else:
             self.in_flight.pop(pod, None)
+        adapters = self.adapters_in_flight.get(pod)
+        if adapter and adapters is not None:
+            adapters[adapter] -= 1
+            if adapters[adapter] <= 0:
+                del adapters[adapter]
+            if not adapters:
+                del self.adapters_in_flight[pod]
 
     # --- decisions ---------------------------------------------------------------------
 
@@ -90,12 +151,14 @@ class PodPool:
         policy: str,
         load_factor: float,
         exclude: set[str] | frozenset[str] = frozenset(),
+        model: str | None = None,
     ) -> Choice | None:
-        """A pod for one request; pods that failed lately only when nothing else is left."""
+        """A pod for one request (`model`: its `model` field, for LoRA adapter affinity);
+        pods that failed lately only when nothing else is left."""
         skip = self.failed() | set(exclude)
         if not set(self.endpoints) - skip:
             skip = set(exclude)  # every pod failed lately: try them anyway
         if policy == "round-robin":
             self._rr += 1
             return round_robin(self.endpoints, self._rr, skip)
-        return choose(self.ring, key, self.loads(), load_factor, skip)
+        return route(self.ring, self.pod_loads(), model, key, load_factor, skip)

@@ -1,7 +1,7 @@
 """The HTTP proxy: pick a pod, stream its answer through untouched, hold at zero pods.
 
-A request's body is read whole (a prompt is small next to its answer) to find its
-prefix key; the answer is streamed back chunk by chunk as it arrives, SSE included,
+A request's body is read whole (a prompt is small next to its answer) and parsed once
+for its prefix key and its `model` (a LoRA adapter's name picks the pods that hold it); the answer is streamed back chunk by chunk as it arrives, SSE included,
 with the pod's status and headers (hop-by-hop headers dropped, no re-compression).
 A connection error before the pod's first byte retries once on another pod; once
 bytes flowed, an error ends the response (the client sees a truncated stream, as it
@@ -124,25 +124,29 @@ class Router:
         self.in_flight += 1
         try:
             body = await request.read()
-            key = None
+            key, model = None, None
             if self.config.policy != "round-robin" and body and request.method == "POST":
                 try:
-                    key = prefix_key(json.loads(body), self.config.prefix_tokens)
+                    parsed = json.loads(body)
                 except (ValueError, UnicodeDecodeError):
-                    key = None  # not JSON: the pod answers 400 itself
+                    parsed = None  # not JSON: the pod answers 400 itself
+                key = prefix_key(parsed, self.config.prefix_tokens)
+                model = request_model(parsed)
             try:
-                choice = await self._pick(key)
+                choice = await self._pick(key, model)
             except _Busy as busy:
                 self.metrics.requests.labels("", str(busy.response.status)).inc()
                 return busy.response
-            return await self._forward(request, body, key, choice)
+            return await self._forward(request, body, key, model, choice)
         finally:
             self.in_flight -= 1
 
-    async def _pick(self, key: bytes | None, exclude: frozenset[str] = frozenset()) -> Choice:
+    async def _pick(
+        self, key: bytes | None, model: str | None, exclude: frozenset[str] = frozenset()
+    ) -> Choice:
         """A pod now, or after holding the request until one is Ready."""
         cfg = self.config
-        choice = self.pool.pick(key, cfg.policy, cfg.load_factor, exclude)
+        choice = self.pool.pick(key, cfg.policy, cfg.load_factor, exclude, model)
         if choice is not None:
             return choice
         if self.held >= cfg.max_held:
@@ -168,7 +172,7 @@ class Router:
                         {"Retry-After": str(cfg.retry_after_s)},
                     ))  # fmt: skip
                 await self.pool.wait_changed(min(left, 1.0))
-                choice = self.pool.pick(key, cfg.policy, cfg.load_factor, exclude)
+                choice = self.pool.pick(key, cfg.policy, cfg.load_factor, exclude, model)
                 if choice is not None:
                     return choice
         finally:
@@ -177,17 +181,22 @@ class Router:
             self.metrics.hold_seconds.observe(time.monotonic() - started)
 
     async def _forward(
-        self, request: web.Request, body: bytes, key: bytes | None, choice: Choice
+        self,
+        request: web.Request,
+        body: bytes,
+        key: bytes | None,
+        model: str | None,
+        choice: Choice,
     ) -> web.StreamResponse:
         assert self.session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
         tried: set[str] = set()
         while True:
-            pod = choice.pod
+            pod, adapter = choice.pod, choice.adapter
             self.metrics.decisions.labels(choice.reason).inc()
             url = self.pool.endpoints[pod].url + request.path_qs
-            self.pool.started(pod)
+            self.pool.started(pod, adapter)
             try:
                 try:
                     upstream = await self.session.request(
@@ -202,18 +211,19 @@ class Router:
                     retry = None
                     if len(tried) == 1:
                         retry = self.pool.pick(
-                            key, self.config.policy, self.config.load_factor, frozenset(tried)
-                        )
+                            key, self.config.policy, self.config.load_factor, frozenset(tried),
+                            model,
+                        )  # fmt: skip
                     if retry is None or retry.pod in tried:
                         self.metrics.requests.labels(pod, "502").inc()
                         return error(
                             502, f"pod {pod} did not accept the connection: {exc}", "bad_gateway"
                         )
-                    choice = Choice(retry.pod, RETRY)
+                    choice = Choice(retry.pod, RETRY, retry.adapter)
                     continue
                 return await self._stream(request, upstream, pod)
             finally:
-                self.pool.finished(pod)
+                self.pool.finished(pod, adapter)
 
     async def _stream(
         self, request: web.Request, upstream: aiohttp.ClientResponse, pod: str
@@ -240,6 +250,12 @@ class Router:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
             return response
+
+
+def request_model(body: Any) -> str | None:
+    """The `model` field of a parsed OpenAI request body."""
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
 
 
 def describe(router: Router) -> dict[str, Any]:

@@ -9,6 +9,10 @@ is above ceil(`load_factor` x the mean load) (this request counted), the request
 least-loaded pod instead, ties broken in ring order from the key so a spilled prefix
 keeps going to the same second pod. Two routers that see the same pods and loads make
 the same choice: there is no state to share.
+
+`route` is the whole decision for one request: a request that names a LoRA adapter is
+first narrowed to the pods that hold it or have a free slot (router/lora_affinity.py),
+then the ring and the bound choose among those.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from llmservice.router.lora_affinity import is_adapter, prefer
+from llmservice.router.pod_load import PodLoad
+
 VNODES = 64  # points per pod: keys spread within a few % of even with 3+ pods
 
 # Routing decision reasons (the llmservice_router_routing_decisions_total label)
@@ -27,6 +34,8 @@ SPILL = "least-loaded"  # the owner was above the bound
 NO_KEY = "no-prefix"  # nothing to hash (no prompt): least-loaded
 ROUND_ROBIN = "round-robin"  # --policy round-robin (the baseline)
 RETRY = "retry"  # a connection error before the first byte: another pod
+LORA_AFFINITY = "lora-affinity"  # the request's adapter is active on the chosen pod
+LORA_SLOT = "lora-slot"  # the chosen pod has a free adapter slot (the adapter is not active)
 
 
 def hash64(data: bytes) -> int:
@@ -37,6 +46,7 @@ def hash64(data: bytes) -> int:
 class Choice:
     pod: str
     reason: str
+    adapter: str | None = None  # the request's LoRA adapter, when its model is one
 
 
 class Ring:
@@ -91,6 +101,35 @@ def choose(
     if load[owner] + 1 <= bound:
         return Choice(owner, PREFIX)
     return Choice(_least_loaded(order, load), SPILL)
+
+
+def route(
+    pods: Ring | Iterable[str],
+    loads: Mapping[str, PodLoad],
+    model: str | None,
+    key: bytes | None,
+    load_factor: float,
+    exclude: Iterable[str] = (),
+) -> Choice | None:
+    """The pod for one request: LoRA adapter affinity first, then `choose` within it.
+
+    `model`: the request's `model` field; `key`: its prefix key. A pod missing from
+    `loads` counts as idle with no adapters. The base model and names no pod serves as an
+    adapter are routed by `choose` alone.
+    """
+    ring = pods if isinstance(pods, Ring) else Ring(pods)
+    skip = set(exclude)
+    live = sorted(p for p in ring.pods if p not in skip)
+    requests = {p: s.requests for p, s in loads.items()}
+    adapter = model if is_adapter(model, live, loads) else None
+    preferred = prefer(live, loads, adapter)
+    if preferred is None:
+        choice = choose(ring, key, requests, load_factor, skip)
+        return Choice(choice.pod, choice.reason, adapter) if choice is not None else None
+    outside = set(live) - set(preferred.pods)
+    choice = choose(ring, key, requests, load_factor, skip | outside)
+    assert choice is not None  # `preferred.pods` is a non-empty subset of `live`
+    return Choice(choice.pod, LORA_AFFINITY if preferred.active else LORA_SLOT, adapter)
 
 
 def _least_loaded(order: list[str], load: Mapping[str, float]) -> str:
