@@ -18,10 +18,10 @@ from typing import Any
 
 from llmservice.server.api.errors import APIError
 from llmservice.server.config import EngineConfig
-from llmservice.server.engine.core import run_engine_core
 from llmservice.server.engine.messages import (
     AbortRequests,
     AddRequest,
+    CostsMeasured,
     EngineFailed,
     EngineReady,
     EngineStats,
@@ -38,6 +38,15 @@ from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.metrics import ServerMetrics
 
 log = logging.getLogger("llmservice.api")
+
+
+def run_engine_process(*args: Any) -> None:
+    """The engine-core process's entry point (core.run_engine_core). Importing the engine
+    (torch, the model) here rather than at the top keeps the API process free of it, so
+    the two processes do not both spend start-up seconds importing torch."""
+    from llmservice.server.engine.core import run_engine_core
+
+    run_engine_core(*args)
 
 
 class EngineDeadError(RuntimeError):
@@ -101,7 +110,7 @@ class EngineClient:
     def spawn(self) -> None:
         """Start the engine-core process (it loads the weights in the background)."""
         self.process = self._ctx.Process(
-            target=run_engine_core,
+            target=run_engine_process,
             args=(self.config, self.inbox, self.outbox, self.log_level, self.show_progress),
             name="llmservice-engine-core",
             daemon=True,
@@ -286,6 +295,9 @@ class EngineClient:
             self._on_sleep_changed(msg)
         elif isinstance(msg, LoRAChanged):
             self._on_lora_changed(msg)
+        elif isinstance(msg, CostsMeasured):  # the engine's start-up measurements, done after ready
+            self.metrics.advisor.set_preemption_costs(msg.recompute_s_per_token, msg.swap_s_per_token,
+                                                      msg.swap_fixed_s)  # fmt: skip
         elif isinstance(msg, EngineFailed):
             self._fail_all(msg.message)
 

@@ -67,6 +67,17 @@ class BlockManager:
     def block_ids(self, request_id: str) -> list[int]:
         return self.req_blocks.get(request_id, [])
 
+    def blank_free_blocks(self, limit: int | None = None) -> list[int]:
+        """Free blocks that hold no cached prefix, in allocation order (up to `limit`):
+        their contents are nobody's, so start-up measurements may write them (warm_up.py)."""
+        out: list[int] = []
+        for block_id in self.free_queue:
+            if limit is not None and len(out) >= limit:
+                break
+            if self.blocks[block_id].block_hash is None:
+                out.append(block_id)
+        return out
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

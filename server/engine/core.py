@@ -22,6 +22,7 @@ from llmservice.server.engine.engine import LLMEngine, UnknownAdapterError
 from llmservice.server.engine.messages import (
     AbortRequests,
     AddRequest,
+    CostsMeasured,
     EngineFailed,
     EngineReady,
     EngineStats,
@@ -35,6 +36,7 @@ from llmservice.server.engine.messages import (
     WakeUp,
 )
 from llmservice.server.engine.sleep_core import SleepController
+from llmservice.server.engine.warm_up import reported_costs
 from llmservice.server.lora.adapter import LoRAAdapterError
 from llmservice.server.model.loaded import UnsupportedModelError
 
@@ -154,6 +156,19 @@ class EngineCore:
         else:
             report.accepted.append(cmd.request_id)
 
+    @property
+    def warming_up(self) -> bool:
+        """Start-up measurements are left to run (warm_up.py), and the engine is awake."""
+        warm_up = self.engine.warm_up
+        return warm_up is not None and not warm_up.done and not self.sleep.sleeping
+
+    def warm_up_piece(self) -> CostsMeasured | None:
+        """One piece of the start-up measurements (the loop runs it while idle); after the
+        last, the preemption prices for the API."""
+        if not self.warming_up or not self.engine.warm_up.run_piece():
+            return None
+        return CostsMeasured(*reported_costs(self.engine.preemption_costs))
+
     def step(self) -> Report:
         deltas = self.engine.step()
         return Report(stats=engine_stats(self.engine, stepped=True), deltas=deltas)
@@ -203,7 +218,9 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
     """Process entry point (spawned)."""
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        engine = LLMEngine.from_config(config, progress=_progress_bar() if show_progress else None)
+        engine = LLMEngine.from_config(
+            config, progress=_progress_bar() if show_progress else None, defer_warm_up=True
+        )
     except (ConfigError, UnsupportedModelError) as exc:  # the model or flags: the message says it all
         outbox.put(EngineFailed(f"{type(exc).__name__}: {exc}"))
         return
@@ -212,7 +229,7 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
         outbox.put(EngineFailed(f"{type(exc).__name__}: {exc}"))
         return
     plan = engine.memory_plan
-    costs = engine.preemption_costs
+    recompute_s, swap_s, swap_fixed_s = reported_costs(engine.preemption_costs)
     outbox.put(
         EngineReady(
             model_name=engine.model_name,
@@ -225,9 +242,9 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
             memory_plan=plan.describe(),
             load_seconds=engine.load_seconds,
             scheduling_policy=config.scheduling_policy,
-            recompute_s_per_token=costs.recompute_s_per_token if costs.measured else None,
-            swap_s_per_token=costs.swap_s_per_token if costs.swap_measured else None,
-            swap_fixed_s=costs.swap_fixed_s if costs.swap_measured else None,
+            recompute_s_per_token=recompute_s,
+            swap_s_per_token=swap_s,
+            swap_fixed_s=swap_fixed_s,
             lora_adapters=lora_adapters(engine),
             max_loras=config.max_loras if config.enable_lora else 0,
         )
@@ -240,7 +257,7 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
     min_step_s = _min_step_s()
     while True:
         idle = not engine.has_unfinished_requests()
-        commands = _drain(inbox, block=idle)
+        commands = _drain(inbox, block=idle and not core.warming_up)
         if not commands and idle and parent is not None and not parent.is_alive():
             return
         report, shutdown = core.apply(commands)
@@ -249,6 +266,8 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
         if report is not None:
             outbox.put(report)
         core._answer(core.sleep.maybe_sleep())
+        if not commands and idle:
+            core._answer(core.warm_up_piece())
         if engine.has_unfinished_requests():
             try:
                 started = time.monotonic()

@@ -31,6 +31,7 @@ from llmservice.server.engine.scheduler import Scheduler
 from llmservice.server.engine.step import SchedulerOutput
 from llmservice.server.engine.swap_space import PreemptionCosts, SwapSpace
 from llmservice.server.engine.tp_executor import TPExecutor, build_tp_engine
+from llmservice.server.engine.warm_up import WarmUp
 from llmservice.server.lora.adapter import LoRAAdapterError
 from llmservice.server.lora.manager import LoRAManager
 from llmservice.server.lora.modules import check_lora_name_or_raise, parse_lora_modules
@@ -185,6 +186,7 @@ class LLMEngine:
             else overlap.ThreadLauncher()
         )  # fmt: skip
         self._in_flight: _InFlight | None = None
+        self.warm_up: WarmUp | None = None  # the start-up measurements (from_config sets it)
         self._last_resolved_at = 0.0
         self.overlap_syncs: dict[str, int] = {}  # steps that waited for the one in flight, by reason
 
@@ -194,10 +196,13 @@ class LLMEngine:
         config: EngineConfig | None = None,
         progress: Callable[[int, int], None] | None = None,
         loaded: LoadedModel | None = None,
+        defer_warm_up: bool = False,
     ) -> LLMEngine:
-        """Load the model, plan memory, allocate the KV and swap pools, and (for
-        `--preemption-mode auto`) time both preemption modes on this machine. `loaded`
-        lets tests and benchmarks build many engines from one parsed model."""
+        """Load the model, plan memory, allocate the KV and swap pools, then profile step
+        costs and price both preemption modes on this machine (warm_up.py). `loaded`
+        lets tests and benchmarks build many engines from one parsed model.
+        `defer_warm_up`: return before the measurements; whoever steps the engine runs
+        `engine.warm_up.run_piece()` while idle (the engine core does)."""
         config = config or EngineConfig()
         if config.tensor_parallel_size > 1 and loaded is None:
             return build_tp_engine(cls, config)
@@ -245,27 +250,23 @@ class LLMEngine:
             captured = engine.runner.capture_graphs()
             log.info("CUDA graphs: %d decode sizes up to %d captured in %.1f s", len(captured.sizes),
                      captured.sizes[-1], captured.capture_seconds)  # fmt: skip
-        profiled = engine.seed_cost_model() if engine.scheduler.time_budget_on else []
-        # in every mode: auto chooses by them, and the advisor prices preemptions with them
-        engine.scheduler.costs = startup.measure_preemption_costs(
-            config,
-            model,
-            engine.runner.kv_caches,
-            engine.swap_pools,
-            plan.num_blocks,
-            engine.swap_space.num_blocks,
-            plan.kv_bytes_per_token,
-            prefill=startup.profiled_prefills(profiled),
-        )
+        engine.warm_up = WarmUp(engine)
+        if not defer_warm_up:
+            engine.warm_up.run()
         return engine
 
-    def seed_cost_model(self) -> list[tuple[StepShape, float]]:
-        """Time a few steps (step_profile.py), seed the step cost model with them and
-        return them (their prefills also price a recompute preemption)."""
+    def seed_cost_model(
+        self, samples: list[tuple[StepShape, float]] | None = None, seconds: float | None = None
+    ) -> list[tuple[StepShape, float]]:
+        """Seed the step cost model with profiled steps (`samples`, measured in `seconds`;
+        by default timed now, step_profile.py) and return them (their prefills also price
+        a recompute preemption)."""
         t0 = time.perf_counter()
-        samples = step_profile.profile_step_costs(
-            self.runner, self.config, self.memory_plan.num_blocks
-        )
+        if samples is None:
+            samples = step_profile.profile_step_costs(
+                self.runner, self.config, self.memory_plan.num_blocks
+            )
+            seconds = time.perf_counter() - t0
         c = self.cost_model.seed(samples)
         for shape, seconds in self.cost_model.dropped:
             log.warning("step cost model: left a start-up sample out of the prior, %s in %.1f ms: the other "
@@ -273,7 +274,7 @@ class LLMEngine:
         log.info(
             "step cost model (start-up profile, %.2f s): %.2f ms + %.3f ms/prefill token + %.3f ms/decode "
             "token + %.3g ms/attended pair",
-            time.perf_counter() - t0,
+            seconds or 0.0,
             c.fixed * 1e3,
             c.prefill_token * 1e3,
             c.decode_token * 1e3,

@@ -88,6 +88,16 @@ class EngineReady:
 
 
 @dataclass
+class CostsMeasured:
+    """The start-up measurements finished after ready (warm_up.py): the preemption prices
+    for the advisor, None where not measured."""
+
+    recompute_s_per_token: float | None = None
+    swap_s_per_token: float | None = None
+    swap_fixed_s: float | None = None
+
+
+@dataclass
 class EngineFailed:
     """The engine could not start, or a step raised: the process is going away."""
 

@@ -14,7 +14,7 @@ import torch
 from llmservice.kernels import kv_quant
 from llmservice.kernels.swap import copy_blocks, kv_pools
 from llmservice.server.config import CPU_KV_CACHE_GIB, ConfigError, EngineConfig
-from llmservice.server.engine import memory, spec_draft
+from llmservice.server.engine import memory, spec_draft, zero_pages
 from llmservice.server.engine.cost_model import StepShape
 from llmservice.server.engine.host_tier import available_host_bytes, check_offload_fits
 from llmservice.server.engine.measure_key import measurement_key
@@ -120,7 +120,11 @@ def allocate_swap_space(
     num_blocks = memory.blocks_for_budget(int(host_gib * memory.GIB), kv_per_token_bytes, config.block_size)
     device_pools = kv_pools(kv_caches)
     pin = device_pools[0].device.type == "cuda"
-    pools = [torch.zeros((num_blocks, *pool.shape[1:]), dtype=pool.dtype, pin_memory=pin) for pool in device_pools]
+    pools = [
+        torch.zeros((num_blocks, *pool.shape[1:]), dtype=pool.dtype, pin_memory=True) if pin
+        else zero_pages.zeros((num_blocks, *pool.shape[1:]), pool.dtype)
+        for pool in device_pools
+    ]
     log.info("host KV pool: %d blocks (%.2f GiB: swap %.2f, prefix host tier %.2f)",
              num_blocks, host_gib, swap_gib, config.kv_offloading_size)
     return SwapSpace(num_blocks), pools
@@ -135,12 +139,15 @@ def measure_preemption_costs(
     num_swap_blocks: int,
     kv_bytes_per_token: int,
     prefill: tuple[tuple[int, float], ...] | None = None,
+    device_blocks: list[int] | None = None,
+    swap_blocks: list[int] | None = None,
 ) -> PreemptionCosts:
     """Time prefills and block round trips (when there is swap space) at two sizes each,
     so `auto` compares this machine's real costs (fit_costs says how they are read) and
     the advisor can price a preemption (exported as llmservice:preemption_* gauges).
     `prefill`: two (tokens, seconds) prefills already timed (the step-cost profile's,
-    see `profiled_prefills`), so start-up does not time prefills twice."""
+    see `profiled_prefills`), so start-up does not time prefills twice. `device_blocks`,
+    `swap_blocks`: the blocks a round trip may copy (free ones; by default the first)."""
     # A GPU needs sizes past launch overhead (prefills up to 1024 tokens, copies up to
     # 256 blocks) for the slopes to mean anything; on a CPU both are linear early.
     cuda = model.device.type == "cuda"
@@ -168,9 +175,10 @@ def measure_preemption_costs(
         device_pools = kv_pools(kv_caches)
 
         def swap_round_trip(m: int) -> None:
-            blocks = list(range(m))
-            copy_blocks(device_pools, swap_pools, blocks, blocks).wait()
-            copy_blocks(swap_pools, device_pools, blocks, blocks).wait()
+            src = device_blocks[:m] if device_blocks is not None else list(range(m))
+            dst = swap_blocks[:m] if swap_blocks is not None else list(range(m))
+            copy_blocks(device_pools, swap_pools, src, dst).wait()
+            copy_blocks(swap_pools, device_pools, dst, src).wait()
 
         round_trip = tuple((m * bs, timed(lambda m=m: swap_round_trip(m))) for m in (1, nblocks))
     costs = fit_costs(prefill, round_trip, kv_bytes_per_token)

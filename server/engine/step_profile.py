@@ -46,14 +46,21 @@ def profile_shapes(
         n //= 2
     decodes = [(1, p)] * n
     shapes = [[(p, 0)], [(p // 4, 0)], decodes, decodes[: max(1, n // 4)], decodes + [(p // 2, 0)]]
-    return [s for s in shapes if sum(-(-(start + k) // bs) for k, start in s) <= num_blocks]
+    return [s for s in shapes if blocks_needed(s, bs) <= num_blocks]
+
+
+def blocks_needed(requests: list[tuple[int, int]], block_size: int) -> int:
+    """KV blocks one profiled step writes (each request's blocks up to its last token)."""
+    return sum(-(-(start + k) // block_size) for k, start in requests)
 
 
 def _step(
-    requests: list[tuple[int, int]], block_size: int, first: bool, vocab_size: int
+    requests: list[tuple[int, int]], block_size: int, first: bool, vocab_size: int,
+    block_ids: list[int] | None = None,
 ) -> SchedulerOutput:
     """Scratch requests of arbitrary tokens; ids stay inside the model's vocabulary (the
-    hub tests' tiny models have a few hundred)."""
+    hub tests' tiny models have a few hundred). `block_ids`: the pool's blocks to write
+    (free blocks that hold no cached prefix); by default the first ones."""
     out = SchedulerOutput()
     low = 10 if vocab_size > 1010 else 0
     span = min(1000, vocab_size - low)
@@ -67,7 +74,8 @@ def _step(
                 token_ids=[(7919 * (start + k + 1)) % span + low for k in range(num_tokens)],
                 start_position=start,
                 block_table_start=0,
-                new_block_ids=list(range(next_block, next_block + nblocks)),
+                new_block_ids=[block_ids[b] if block_ids is not None else b
+                               for b in range(next_block, next_block + nblocks)],
                 sample=True,
             )
         )
@@ -100,8 +108,10 @@ def _measure(
     shapes: list[list[tuple[int, int]]],
     cuda: bool,
     clock: Callable[[], float] = time.perf_counter,
+    block_ids: list[int] | None = None,
 ) -> list[tuple[StepShape, float]]:
-    """Each shape's faster of two runs, by `clock` (injectable so tests set the durations)."""
+    """Each shape's faster of two runs, by `clock` (injectable so tests set the durations),
+    on `block_ids` of the pool (see `_step`)."""
     samples: list[tuple[StepShape, float]] = []
     known: set[str] = set()
     budget = PROFILE_BUDGET_S["cuda" if cuda else "cpu"]
@@ -112,7 +122,8 @@ def _measure(
                         budget, len(samples), len(shapes))  # fmt: skip
             break
         out = _step(
-            requests, config.block_size, first=True, vocab_size=runner.model.config.vocab_size
+            requests, config.block_size, first=True, vocab_size=runner.model.config.vocab_size,
+            block_ids=block_ids,
         )
         out.new_requests = {rid: p for rid, p in out.new_requests.items() if rid not in known}
         known |= set(out.new_requests)

@@ -33,6 +33,16 @@ def wait_until_engine_idle(server, timeout_s: float) -> dict[str, float]:
     return sample
 
 
+def wait_for_metric(server, name: str, timeout_s: float) -> dict[str, float]:
+    """Poll /metrics until `name` is exported (or the timeout); the last sample."""
+    deadline = time.monotonic() + timeout_s
+    sample = server.metrics()
+    while name not in sample and time.monotonic() < deadline:
+        time.sleep(0.2)
+        sample = server.metrics()
+    return sample
+
+
 def test_chat_max_tokens_defaults_to_rest_of_context(small_server):
     messages = [{"role": "user", "content": "Hi"}]
     prompt_len = httpx.post(small_server.url + "/tokenize", json={"messages": messages}).json()["count"]
@@ -65,8 +75,10 @@ def test_preemptions_rise_with_a_tiny_kv_pool(small_server):
     # cost (no swap space under recompute, so no swap price rather than a 0)
     assert after["llmservice:preempted_tokens_recompute_total"] > 0
     assert after.get("llmservice:preempted_tokens_swap_total") == 0
-    assert 0 < after["llmservice:preemption_recompute_seconds_per_token"] < 1
-    assert "llmservice:preemption_swap_seconds_per_token" not in after
+    # the price is measured after ready, while the engine is idle (server/engine/warm_up.py)
+    priced = wait_for_metric(small_server, "llmservice:preemption_recompute_seconds_per_token", timeout_s=120)
+    assert 0 < priced["llmservice:preemption_recompute_seconds_per_token"] < 1
+    assert "llmservice:preemption_swap_seconds_per_token" not in priced
 
 
 def test_overload_gets_503_with_retry_after_and_memory_stays_bounded(small_server):
