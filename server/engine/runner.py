@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from llmservice.kernels import kv_quant, ops
 from llmservice.kernels.metadata import AttentionMetadata
-from llmservice.server.engine import cuda_graphs, spec_verify
+from llmservice.server.engine import cuda_graphs, spec_verify, zero_pages
 from llmservice.server.engine.cuda_graphs import DecodeGraphs
 from llmservice.server.engine.kv_scales import calibrated_scales
 from llmservice.server.engine.request import TokenLogprob
@@ -40,8 +40,9 @@ def allocate_kv_caches(
     shape = (num_blocks, block_size, model.num_kv_heads, cfg.head_dim)  # this rank's KV heads
     dtype = kv_quant.FP8 if kv_quant.is_fp8(kv_cache_dtype) else model.dtype
     # zeros, not empty: padded block-table rows read block 0, and masked garbage must stay finite
+    # (zero_pages: on CPU the zeros cost nothing until a block is written)
     caches = [
-        (torch.zeros(shape, dtype=dtype, device=model.device), torch.zeros(shape, dtype=dtype, device=model.device))
+        (zero_pages.zeros(shape, dtype, model.device), zero_pages.zeros(shape, dtype, model.device))
         for _ in range(cfg.num_layers)
     ]
     if dtype == kv_quant.FP8:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from llmservice.server.engine import zero_pages
 from llmservice.server.engine.block_manager import BlockManager
 from llmservice.server.model.fused_decoder import decoder_weights
 
@@ -127,7 +128,7 @@ def wake(engine: Any, state: SleepState, reload: Any = None) -> float:
     if state.level == 2 and device.type == "cpu":
         engine.model.fused_decoder = decoder_weights(engine.model)
     for pool, shape in state.kv_shapes:
-        pool.data = torch.zeros(shape, dtype=pool.dtype, device=device)
+        pool.data = zero_pages.zeros(shape, pool.dtype, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         if getattr(engine.runner, "graphs", None) is not None:
