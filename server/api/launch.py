@@ -59,7 +59,7 @@ def serve(args: argparse.Namespace) -> int:
     from llmservice.server.api.serving import ServerState
     from llmservice.server.api.tokenizer_service import TokenizerService, load_text_tokenizer
     from llmservice.server.metrics import CacheInfo, ServerMetrics
-    from llmservice.server.model.hf_loader import sampling_defaults
+    from llmservice.server.model.hf_info import sampling_defaults
 
     client = EngineClient(config, log_level=level, show_progress=True)
     client.spawn()

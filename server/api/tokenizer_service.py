@@ -21,7 +21,7 @@ from llmservice.server.tokenizer import TextTokenizer
 
 def load_text_tokenizer(model: str) -> TextTokenizer:
     """Tokenizer and EOS ids of a model reference, read the same way the loader does."""
-    from llmservice.server.model.loader import read_model_info
+    from llmservice.server.model.model_info import read_model_info
 
     _, config, source = read_model_info(model)
     return TextTokenizer(source, config.eos_token_ids)

@@ -11,14 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
-from llmservice.server.model.config import ModelConfig
+from gguf import GGMLQuantizationType
 from llmservice.server.model.dequant import dequantize
-from llmservice.server.model.gguf_reader import MappedGGUFReader
-from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+from llmservice.server.model.gguf_header import GGUFFile
+from llmservice.server.model.gguf_info import (  # noqa: F401  (re-exported: the metadata half)
+    SUPPORTED_ARCHS,
+    read_config,
+    read_gguf_info,
+    read_tokenizer,
+)
+from llmservice.server.model.loaded import LoadedModel, UnsupportedModelError
 from llmservice.server.model.quant_weights import PackedWeights, pack_tensor
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 SUPPORTED_QUANTS = {
     GGMLQuantizationType.F32,
     GGMLQuantizationType.F16,
@@ -48,13 +52,6 @@ _GLOBAL_NAMES = {
 }
 
 
-def _field(reader: GGUFReader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
-
-
 def hf_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
@@ -81,64 +78,6 @@ def dequantize_tensor(
     return dequantize(data, qtype, shape)
 
 
-def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModelError(
-            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
-        )
-    g: Callable = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
-    n_heads = int(g("attention.head_count"))
-    hidden = int(g("embedding_length"))
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    names = {t.name for t in reader.tensors}
-    scaling = None
-    scaling_type = g("rope.scaling.type")
-    if scaling_type and scaling_type != "none":
-        scaling = {"rope_type": scaling_type, "factor": float(g("rope.scaling.factor", 1.0))}
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    eos_ids = [int(x) for x in (eos, eot) if x is not None]
-    return ModelConfig(
-        architecture=arch,
-        num_layers=int(g("block_count")),
-        hidden_size=hidden,
-        num_heads=n_heads,
-        num_kv_heads=int(g("attention.head_count_kv", n_heads)),
-        head_dim=int(g("attention.key_length", hidden // n_heads)),
-        intermediate_size=int(g("feed_forward_length")),
-        vocab_size=int(g("vocab_size", len(tokens))),
-        rope_theta=float(g("rope.freq_base", 10000.0)),
-        rope_scaling=scaling,
-        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-        max_position_embeddings=int(g("context_length", 2048)),
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=sorted(set(eos_ids)),
-        name=str(_field(reader, "general.name", path.stem)),
-    )
-
-
-def read_tokenizer(reader: GGUFReader) -> TokenizerSource:
-    return TokenizerSource(
-        tokens=list(_field(reader, "tokenizer.ggml.tokens") or []),
-        merges=list(_field(reader, "tokenizer.ggml.merges") or []),
-        token_types=[int(t) for t in (_field(reader, "tokenizer.ggml.token_type") or [])],
-        pre=str(_field(reader, "tokenizer.ggml.pre", "")),
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        chat_template=_field(reader, "tokenizer.chat_template"),
-        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-    )
-
-
-def read_gguf_info(path: Path) -> tuple[ModelConfig, TokenizerSource]:
-    """Architecture and tokenizer from the metadata; the tensors stay unread (mmap)."""
-    reader = MappedGGUFReader(path)
-    return read_config(reader, path), read_tokenizer(reader)
-
-
 def load_gguf(
     path: Path,
     dtype: torch.dtype,
@@ -147,7 +86,7 @@ def load_gguf(
 ) -> LoadedModel:
     """`pack=True`: Q4_0/Q4_1/Q8_0 matrices stay in their blocks (quant_weights.PackedWeights,
     for the CPU kernels); otherwise every tensor is dequantized to `dtype`."""
-    reader = MappedGGUFReader(path)
+    reader = GGUFFile(path)
     config = read_config(reader, path)
     weights: dict[str, torch.Tensor] | PackedWeights = PackedWeights() if pack else {}
     total = len(reader.tensors)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from llmservice.server.model.config import ModelConfig
+
+if TYPE_CHECKING:  # the API process reads tokenizer material from here and never needs torch
+    import torch
 
 
 class UnsupportedModelError(ValueError):

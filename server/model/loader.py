@@ -11,43 +11,15 @@ import torch
 from llmservice.server.config import LOAD_FORMATS
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.dummy import dummy_weights
-from llmservice.server.model.gguf_loader import load_gguf, read_gguf_info
+from llmservice.server.model.gguf_loader import load_gguf
 from llmservice.server.model.gguf_source import GGUFSource
-from llmservice.server.model.hf_loader import SafetensorsSource, load_hf_dir, read_hf_info
+from llmservice.server.model.hf_loader import SafetensorsSource, load_hf_dir
 from llmservice.server.model.loaded import LoadedModel, TokenizerSource, UnsupportedModelError
+from llmservice.server.model.model_info import model_path, read_model_info  # noqa: F401  (re-exported)
 from llmservice.server.model.parallel_weights import TensorSource, WeightSource
 from llmservice.server.model.quant_weights import packs_gguf, weights_nbytes
-from llmservice.server.model.registry import resolve_model_path
-from llmservice.server.model.sources import parse_hub_ref
 
 log = logging.getLogger("llmservice.loader")
-
-
-def model_path(model: str | Path) -> tuple[Path, str]:
-    """The file or directory a reference names, and its kind: 'hf' or 'gguf'. A Hub
-    reference is fetched into the default cache (`serve` fetches it earlier, with its
-    --revision and --download-dir, and passes the local folder)."""
-    ref = parse_hub_ref(str(model))
-    if ref is not None:
-        from llmservice.server.model.hub import fetch_model
-
-        path = fetch_model(ref)
-    else:
-        path = resolve_model_path(str(model))
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if (path / "config.json").exists() or not ggufs:
-            return path, "hf"
-        path = ggufs[0]
-    if path.suffix == ".gguf":
-        return path, "gguf"
-    raise UnsupportedModelError(f"{path}: not a .gguf file or an HF model directory")
-
-
-def read_model_info(model: str | Path) -> tuple[Path, ModelConfig, TokenizerSource]:
-    """Architecture and tokenizer of a model reference, without reading its weights."""
-    path, kind = model_path(model)
-    return (path, *(read_hf_info(path) if kind == "hf" else read_gguf_info(path)))
 
 
 def load_model(
