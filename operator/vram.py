@@ -71,7 +71,6 @@ class MemoryPlan:
     def as_status(self) -> dict[str, float | int | str]:
         lora = {"loraSlotsGiBPerGPU": round(self.lora_slots_gib_per_gpu, 3)} if self.lora_slots_gib_per_gpu else {}
         return {
-            **lora,
             "budgetGiBPerGPU": round(self.budget_gib_per_gpu, 2),
             "weightsGiBPerGPU": round(self.weights_gib_per_gpu, 2),
             "activationReserveGiBPerGPU": round(self.activation_reserve_gib_per_gpu, 2),
@@ -83,6 +82,7 @@ class MemoryPlan:
             "estimatedMaxConcurrentSequences": self.estimated_max_concurrent_sequences,
             "gpuMemoryUtilization": self.gpu_memory_utilization,
             "shapeSource": self.shape_source,
+            **lora,
         }
 
 

@@ -33,6 +33,7 @@ REFUSED = {
     "llama-3-70b-tp4": None,  # the bundled engine shards it over 4 ranks (server/engine/tp_*.py)
     "qwen2.5-7b": None,  # hf://, no token: the server downloads it at start
     "llama-3-8b-inference-pool": None,  # hf://; spec.gateway adds an InferencePool (render_gateway.py)
+    "llama-3-8b-lora": None,  # hf://; spec.adapters: --enable-lora, loaded live (adapter_sync.py)
 }
 
 
