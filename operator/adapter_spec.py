@@ -68,3 +68,25 @@ def served_path(adapter: AdapterSpec, model_source: str, engine_kind: str = "llm
     path = source.removeprefix(f"pvc://{claim}").strip("/")
     root = MODELS_MOUNT if claim == model_claim(model_source) else f"{ADAPTERS_MOUNT}/{claim}"
     return f"{root}/{path}".rstrip("/")
+
+
+def mounted_adapter_claims(template: dict[str, Any] | None) -> set[str]:
+    """The adapter claims a Deployment's pod template mounts (its adapters-N volumes)."""
+    volumes = ((template or {}).get("spec") or {}).get("volumes") or []
+    return {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in volumes
+        if v.get("name", "").startswith("adapters-") and "persistentVolumeClaim" in v
+    }
+
+
+def claims_rollout_message(old_template: dict[str, Any] | None, new_template: dict[str, Any] | None) -> str | None:
+    """The Event text when a pvc:// adapter brings a claim the pods do not mount yet, else None."""
+    new = sorted(mounted_adapter_claims(new_template) - mounted_adapter_claims(old_template))
+    if not new:
+        return None
+    where = ", ".join(f"{c} at {ADAPTERS_MOUNT}/{c}" for c in new)
+    return (
+        f"mounting the adapter claim {where}: a new volume needs a new pod template, so the pods roll out "
+        "once; adapters on claims already mounted, hf:// and image paths load into running pods"
+    )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from llmservice.operator import gateway_support, lws_support
 from llmservice.operator import render as r
+from llmservice.operator.adapter_spec import claims_rollout_message
 from llmservice.operator.engine_support import (
     SUPPORTED,
     EngineSupport,
@@ -137,6 +138,9 @@ def apply_child(kube: Kube, manifest: dict[str, Any], emit: Emit) -> dict[str, A
         if old_n != new_n:
             emit("Normal", "Scaled", f"Scaled Deployment {name} from {old_n} to {new_n} replicas")
         if old_spec.get("template") != new_spec.get("template"):
+            claims = claims_rollout_message(old_spec.get("template"), new_spec.get("template"))
+            if claims:
+                emit("Normal", "AdapterVolumeAdded", claims)
             emit(
                 "Normal",
                 "Updated",

@@ -82,4 +82,4 @@ def localize_lora_modules(config: Any, cache_dir: str | None) -> tuple[Any, dict
         if module.base_model_name is not None:
             body["base_model_name"] = module.base_model_name
         entries.append(json.dumps(body))
-    return replace(config, lora_modules=entries), sources
+    return (replace(config, lora_modules=entries), sources) if sources else (config, {})

@@ -247,3 +247,17 @@ def test_the_adapter_fields_and_the_autoscalers_go_out_together():
     publisher.set_extra(key, {"desiredReplicas": 4}, [])  # the autoscaler's own update keeps ours
     publisher.publish(key, observe, lambda *e: None)
     assert "adapters" not in kube.patches[-1] and kube.patches[-1]["desiredReplicas"] == 4  # not removed
+
+
+def test_a_new_adapter_claim_is_announced_as_a_rollout():
+    from llmservice.operator.adapter_spec import claims_rollout_message
+
+    def template(adapters):
+        return render(OWNER, stored_spec({**BASE, "adapters": adapters})).deployment["spec"]["template"]
+
+    before = template(ADAPTERS)
+    after = template([*ADAPTERS, {"name": "x", "source": "pvc://other-claim/x"}])
+    message = claims_rollout_message(before, after)
+    assert message is not None and message.startswith("mounting the adapter claim other-claim at /adapters/other-claim")
+    assert "roll out once" in message
+    assert claims_rollout_message(before, template([ADAPTERS[1]])) is None  # same claim: no rollout
