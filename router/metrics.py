@@ -33,6 +33,10 @@ class RouterMetrics:
             "Times this router set replicas 0 -> 1.",
             registry=r,
         )
+        self.pod_wake_ups = Counter(
+            "llmservice_router_pod_wake_ups", "Sleeping pods this router woke (POST /wake_up) "
+            "for a request, by pod.", ["pod"], registry=r,
+        )  # fmt: skip
         self.upstream_errors = Counter(
             "llmservice_router_upstream_errors",
             "Connection errors to pods, by pod.",

@@ -8,7 +8,8 @@ bytes flowed, an error ends the response (the client sees a truncated stream, as
 would talking to the pod). With no Ready pod the request is held: at most
 `max_held` at once (past it 503 + Retry-After), up to `hold_timeout_s` (then 504
 saying the model is starting), and with `waker` set each held request pokes the
-scale-from-zero check.
+scale-from-zero check. A pod that answers it is asleep is woken, and the request sent
+to it again (pod_wake.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from llmservice.router.metrics import RouterMetrics
+from llmservice.router.pod_wake import PodWaker, is_asleep
 from llmservice.router.pool import PodPool
 from llmservice.router.prefix_key import prefix_key
 from llmservice.router.routing import RETRY, Choice
@@ -71,6 +73,7 @@ class Router:
         self.pool = pool or PodPool()
         self.waker = waker
         self.metrics = RouterMetrics()
+        self.pod_waker = PodWaker(lambda pod: self.metrics.pod_wake_ups.labels(pod).inc())
         self.held = 0
         self.in_flight = 0
         self.draining = False
@@ -192,6 +195,7 @@ class Router:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
         tried: set[str] = set()
+        woken: set[str] = set()
         while True:
             pod, adapter = choice.pod, choice.adapter
             self.metrics.decisions.labels(choice.reason).inc()
@@ -221,6 +225,19 @@ class Router:
                         )
                     choice = Choice(retry.pod, RETRY, retry.adapter)
                     continue
+                if is_asleep(upstream.status, upstream.headers) and pod not in woken:
+                    # A pod put to sleep (scaleToZero: sleep): wake it, then send it again.
+                    seen_at = time.monotonic()
+                    upstream.release()
+                    woken.add(pod)
+                    auth = {k: v for k, v in headers.items() if k.lower() == "authorization"}
+                    base = self.pool.endpoints[pod].url
+                    if await self.pod_waker.wake(self.session, pod, base, auth, seen_at):
+                        continue
+                    upstream = await self.session.request(
+                        request.method, url, data=body, headers=headers, timeout=timeout,
+                        allow_redirects=False,
+                    )  # fmt: skip
                 return await self._stream(request, upstream, pod)
             finally:
                 self.pool.finished(pod, adapter)

@@ -186,7 +186,7 @@ class EngineClient:
         if self.dead is not None:
             raise APIError(503, f"the engine is not running: {self.dead}")
         if self.sleep_requested or self.sleep_level:
-            raise APIError(503, "the engine is asleep: POST /wake_up first", headers={"Retry-After": "5"})
+            raise APIError(503, "the engine is asleep: POST /wake_up first", headers=self._asleep_headers())
         assert self._loop is not None, "attach() first"
         stream = RequestStream(request_id, len(prompt_token_ids), arrival_time, self._loop, out)
         self.streams[request_id] = stream
@@ -301,6 +301,11 @@ class EngineClient:
         elif isinstance(msg, EngineFailed):
             self._fail_all(msg.message)
 
+    def _asleep_headers(self) -> dict[str, str]:
+        """llmservice-asleep tells a router that this 503 is sleep, not overload: it wakes the
+        pod and sends the request again (router/pod_wake.py)."""
+        return {"Retry-After": "5", "llmservice-asleep": str(self.sleep_level or 1)}
+
     def _on_report(self, report: Report, now: float) -> None:
         self.stats = report.stats
         metrics = self.metrics
@@ -313,7 +318,10 @@ class EngineClient:
             stream = self.streams.pop(rej.request_id, None)
             if stream is not None and not stream.accepted.done():
                 stream.finished = True
-                stream.accepted.set_exception(APIError(rej.status, rej.message))
+                asleep = rej.status == 503 and (self.sleep_requested or self.sleep_level)
+                stream.accepted.set_exception(
+                    APIError(rej.status, rej.message, headers=self._asleep_headers() if asleep else None)
+                )
         for delta in report.deltas:
             stream = self.streams.get(delta.request_id)
             if stream is None:

@@ -13,37 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from router_workload import RunResult, chat_bodies, percentile, prefix_counters, run, system_prompts
 
-from tests.support.ports import free_port
+from tests.support.router_process import start_router
 from tests.support.server_process import spawn_server, wait_ready
-
-BIN = Path(sys.executable).parent / "llmservice"
-
-
-def start_router(backends: list[str], policy: str, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [str(BIN), "router", "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
-    for b in backends:
-        cmd += ["--backend", b]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(log.read_text())
 
 
 def measure(servers, url: str, policy: str, bodies: list[dict], concurrency: int) -> RunResult:
@@ -73,7 +49,7 @@ def compare(tmp_path: Path, words: int, per_prompt: int, max_model_len: int, kv_
         results["single-replica"] = measure(servers, servers[0].url, "single-replica", single, 2)
         for seed, policy in ((2, "prefix"), (3, "round-robin")):
             proc, url = start_router(
-                [s.url for s in servers], policy, tmp_path / f"router-{policy}.log"
+                [s.url for s in servers], tmp_path / f"router-{policy}.log", ["--policy", policy]
             )
             routers.append(proc)
             bodies = chat_bodies(system_prompts(8, words, seed=seed), per_prompt, seed=seed)
