@@ -16,6 +16,7 @@ import time
 
 from aiohttp import web
 from llmservice.router.endpoints import Endpoint, SliceWatcher, address_map
+from llmservice.router.ext_proc import EXT_PROC_PORT, ExtProcServer, PoolPicker
 from llmservice.router.loads import scrape_forever
 from llmservice.router.proxy import Router, RouterConfig
 from llmservice.router.wake import Waker
@@ -58,6 +59,13 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: uvloop when installed (as uvicorn's --loop auto), else asyncio",
     )
+    p.add_argument(
+        "--ext-proc",
+        action="store_true",
+        help="also serve Envoy ext-proc gRPC as an inference gateway's endpoint picker "
+        "(the same pods and policy as the HTTP proxy; docs/router.md)",
+    )
+    p.add_argument("--ext-proc-port", type=int, default=EXT_PROC_PORT)
     p.add_argument("--log-level", default="info")  # fmt: skip
 
 
@@ -70,6 +78,8 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"--load-factor must be >= 1 (got {args.load_factor})"
     if args.max_held_requests < 0 or args.hold_timeout_seconds <= 0:
         return "--max-held-requests must be >= 0 and --hold-timeout-seconds > 0"
+    if not 1 <= args.ext_proc_port <= 65535:
+        return f"--ext-proc-port must be in 1-65535 (got {args.ext_proc_port})"
     return None
 
 
@@ -120,6 +130,13 @@ async def serve(args: argparse.Namespace) -> int:
     await site.start()
     assert router.session is not None
     scraper = asyncio.create_task(scrape_forever(router.session, router.pool))
+    ext_proc = None
+    if args.ext_proc:
+        picker = PoolPicker(router.pool, router.config, router.metrics, waker)
+        ext_proc = await ExtProcServer(
+            picker, router.config.service, args.host, args.ext_proc_port
+        ).start()
+        log.info("ext-proc endpoint picker on %s:%d", args.host, ext_proc.port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -132,9 +149,13 @@ async def serve(args: argparse.Namespace) -> int:
     )
     await stop.wait()
     router.draining = True
+    if ext_proc is not None:
+        await ext_proc.set_serving(False)
     deadline = time.monotonic() + args.drain_seconds
     while router.in_flight and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    if ext_proc is not None:
+        await ext_proc.stop(max(0.0, deadline - time.monotonic()))
     log.info("drained (%d still in flight); exiting", router.in_flight)
     scraper.cancel()
     with contextlib.suppress(asyncio.CancelledError):
