@@ -11,6 +11,10 @@ selects the router pods, and a headless `<name>-pods` Service selects the model 
 so that their EndpointSlices exist for the router to watch. The router pods carry
 none of the labels the operator's indexes and the model Service select on, so status,
 the autoscaler and the PDB never mistake them for model pods.
+
+With `spec.gateway.inferencePool` on as well, the router pods also serve the endpoint
+picker's ext-proc gRPC (`--ext-proc`, container port `ext-proc`, 9002), so a Service
+named by `spec.gateway.endpointPicker` can point the gateway at them (docs/router.md).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from llmservice.operator.spec import LLMServiceSpec
 
 LABEL_ROUTER = "llmservice.dev/router"  # value: the LLMService name, on the router pods
 CONTAINER = "router"
+EXT_PROC_PORT = 9002  # `llmservice router --ext-proc`'s default port (router/ext_proc.py)
 
 
 def router_name(owner: Owner) -> str:
@@ -82,6 +87,8 @@ def router_args(owner: Owner, spec: LLMServiceSpec, router: RouterSpec) -> list[
     ]  # fmt: skip
     if router.scale_from_zero:
         args.append("--scale-from-zero")
+    if spec.gateway.inference_pool:
+        args += ["--ext-proc", "--ext-proc-port", str(EXT_PROC_PORT)]
     return args
 
 
@@ -100,6 +107,9 @@ def router_image(spec: LLMServiceSpec, router: RouterSpec, server_image: str) ->
 def render_router_deployment(
     owner: Owner, spec: LLMServiceSpec, router: RouterSpec, server_image: str = DEFAULT_SERVER_IMAGE
 ) -> dict[str, Any]:
+    ports = [{"name": "http", "containerPort": PORT, "protocol": "TCP"}]
+    if spec.gateway.inference_pool:
+        ports.append({"name": "ext-proc", "containerPort": EXT_PROC_PORT, "protocol": "TCP"})
     container = {
         "name": CONTAINER,
         "image": router_image(spec, router, server_image),
@@ -107,7 +117,7 @@ def render_router_deployment(
         "command": ["llmservice"],
         "args": router_args(owner, spec, router),
         "env": [{"name": "HOME", "value": "/tmp"}],
-        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "ports": ports,
         "resources": {
             "requests": {"cpu": router.cpu, "memory": router.memory},
             "limits": {"memory": router.memory},

@@ -122,6 +122,22 @@ def test_router_args_parse_with_the_routers_own_parser():
     )
 
 
+def test_with_an_inference_pool_the_router_pods_also_serve_ext_proc():
+    def container(spec):
+        (router,) = by_kind(rendered(obj(**spec)), "Deployment", "chat-router")
+        return router["spec"]["template"]["spec"]["containers"][0]
+
+    pooled = container({"replicas": 2, "gateway": {"inferencePool": True}})
+    parser = argparse.ArgumentParser()
+    add_router_args(parser)
+    args = parser.parse_args(pooled["args"][1:])
+    assert validate(args) is None and args.ext_proc and args.ext_proc_port == 9002
+    assert {"name": "ext-proc", "containerPort": 9002, "protocol": "TCP"} in pooled["ports"]
+    plain = container({"replicas": 2})
+    assert "--ext-proc" not in plain["args"]
+    assert [p["name"] for p in plain["ports"]] == ["http"]
+
+
 def test_every_router_child_is_listed_for_deletion():
     m = rendered(obj(**SCALE_TO_ZERO))
     rendered_names = {(c["kind"], c["metadata"]["name"]) for c in m.router}
