@@ -46,9 +46,10 @@ from llmservice.operator.autoscaler import (
     decide,
 )
 from llmservice.operator.kube import Kube, path_for
+from llmservice.operator.pod_sleep import SLEEP_LEVEL, sleep_pods
 from llmservice.operator.publish import Observed, StatusPublisher
 from llmservice.operator.scrape import PodTarget, PreemptionRates, scrape_pods
-from llmservice.operator.spec import API_VERSION, KIND, PLURAL
+from llmservice.operator.spec import API_VERSION, KIND, PLURAL, LLMServiceSpec
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +414,11 @@ class AutoscaleLoop:
         ]  # fmt: skip
         state.idle = zero.observe(state.idle, activity, current, scraped_at, utc_now(), len(ready))
         decision = zero.apply(policy, observation, state.idle, decision, scraped_at)
+        sleep_levels = {r.target.uid: r.sample.sleep_level for r in results if r.sample is not None}
+        to_sleep = zero.pods_to_sleep(policy, observation, state.idle, scraped_at, sleep_levels)
+        if to_sleep:
+            sleep_levels = await self._sleep(body, [r.target for r in results if r.target.uid in to_sleep],
+                                             sleep_levels, now=scraped_at, idle=state.idle, policy=policy)
 
         if decision.replicas != current:
             await asyncio.to_thread(
@@ -462,11 +468,49 @@ class AutoscaleLoop:
             await self._event(body, type_, loop_hook.EVENT_REASON, message)
         status = "True" if decision.active else "False"
         conditions = [condition(status, decision.active_reason, decision.active_message)]
-        to_zero = zero.condition(policy, decision.replicas, state.idle, scraped_at)
+        to_zero = zero.condition(
+            policy, decision.replicas, state.idle, scraped_at, zero.all_asleep(sleep_levels)
+        )
         if to_zero is not None:
             conditions.append(to_zero)
         await self._publish(key, body, sources, fields, conditions)
         return decision
+
+    async def _sleep(
+        self,
+        body: dict[str, Any],
+        targets: list[PodTarget],
+        levels: dict[str, float | None],
+        now: float,
+        idle: zero.Idleness,
+        policy: AutoscalingPolicy,
+    ) -> dict[str, float | None]:
+        """scaleToZero sleep: put the idle pods to sleep; the sleep levels after it."""
+        from llmservice.operator.adapter_sync import read_api_key  # it imports this module
+
+        namespace = body["metadata"]["namespace"]
+        api_key = None
+        ref = LLMServiceSpec.from_dict(body.get("spec") or {}).engine.api_key_secret
+        try:
+            if ref is not None:
+                api_key = await asyncio.to_thread(read_api_key, self._kube(), namespace, ref)
+        except ValueError as exc:
+            slept, problems = [], [f"cannot put pods to sleep: {exc}"]
+        else:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                problems = await sleep_pods(client, targets, api_key)
+            failed = {line.partition(":")[0] for line in problems}
+            slept = [t for t in targets if t.name not in failed]
+        if slept:
+            await self._event(
+                body, "Normal", "Slept",
+                f"Put {len(slept)} pod(s) to sleep after no request for {now - idle.last_activity:.0f}s "
+                f"(scaleToZero sleep, scaleToZeroAfterSeconds {policy.scale_to_zero_after_seconds:g}): "
+                "KV cache freed, weights in host memory; the router wakes a pod for the next request",
+            )  # fmt: skip
+        for line in problems:
+            await self._event(body, "Warning", "SleepFailed", line)
+        return {**levels, **{t.uid: float(SLEEP_LEVEL) for t in slept}}
 
     def _emitter(self, body: dict[str, Any]) -> Callable[[str, str, str], None]:
         """Post Events straight to the API: kopf.event() needs a per-object handler's context.

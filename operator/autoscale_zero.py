@@ -1,4 +1,5 @@
-"""Scale to zero: after `scaleToZeroAfterSeconds` without a request, 0 replicas. Pure.
+"""Scale to zero: after `scaleToZeroAfterSeconds` without a request, 0 replicas, or with
+`scaleToZero: sleep` every Ready pod put to sleep (pods kept, GPU memory freed). Pure.
 
 Only with `minReplicas: 0` (the router then holds the next request and sets replicas
 back to 1, see router/wake.py). A request is seen in the pods' own metrics: a pod
@@ -11,12 +12,13 @@ pod could not be scraped: "no metrics" is not "no requests".
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from llmservice.operator.autoscaler import AutoscalingPolicy, Decision, Observation
 
 SCALED_TO_ZERO = "ScaledToZero"
+DELETE, SLEEP = "delete", "sleep"  # spec.autoscaling.scaleToZero
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,8 @@ def zero_due(policy: AutoscalingPolicy, obs: Observation, idle: Idleness, now: f
 def apply(
     policy: AutoscalingPolicy, obs: Observation, idle: Idleness, decision: Decision, now: float
 ) -> Decision:
-    """The decision, or 0 replicas when the idle window has passed."""
-    if not zero_due(policy, obs, idle, now):
+    """The decision, or 0 replicas when the idle window has passed (scaleToZero delete)."""
+    if policy.scale_to_zero == SLEEP or not zero_due(policy, obs, idle, now):
         return decision
     idle_for = now - idle.last_activity
     reason = (
@@ -84,12 +86,36 @@ def apply(
     return replace(decision, replicas=0, reason=reason)
 
 
+def pods_to_sleep(
+    policy: AutoscalingPolicy, obs: Observation, idle: Idleness, now: float,
+    sleep_levels: Mapping[str, float | None],
+) -> tuple[str, ...]:
+    """With scaleToZero sleep, once the idle window has passed: the Ready pods (uid ->
+    llmservice:engine_sleep_level) still awake. A pod that does not report the level is
+    not the bundled server and is left alone."""
+    if policy.scale_to_zero != SLEEP or not zero_due(policy, obs, idle, now):
+        return ()
+    return tuple(sorted(uid for uid, level in sleep_levels.items() if level == 0))
+
+
+def all_asleep(sleep_levels: Mapping[str, float | None]) -> bool:
+    return bool(sleep_levels) and all((level or 0) > 0 for level in sleep_levels.values())
+
+
 def condition(
-    policy: AutoscalingPolicy, replicas: int, idle: Idleness, now: float
+    policy: AutoscalingPolicy, replicas: int, idle: Idleness, now: float, asleep: bool = False
 ) -> dict[str, str] | None:
-    """The ScaledToZero condition, for objects that may scale to zero only."""
+    """The ScaledToZero condition, for objects that may scale to zero only (`asleep`: every
+    Ready pod sleeps)."""
     if not (policy.enabled and policy.min_replicas == 0):
         return None
+    if policy.scale_to_zero == SLEEP and asleep:
+        return {
+            "type": SCALED_TO_ZERO, "status": "True", "reason": "Asleep",
+            "message": f"{replicas} pod(s) asleep after no request for "
+            f"{policy.scale_to_zero_after_seconds:g}s (scaleToZero sleep): KV cache freed and "
+            "weights in host memory; the router wakes a pod for the next request",
+        }  # fmt: skip
     if replicas == 0:
         return {
             "type": SCALED_TO_ZERO, "status": "True", "reason": "Idle",
@@ -101,5 +127,6 @@ def condition(
     return {
         "type": SCALED_TO_ZERO, "status": "False", "reason": "Serving",
         "message": f"{replicas} replica(s); idle for {idle_for:.0f}s of the "
-        f"{policy.scale_to_zero_after_seconds:g}s (scaleToZeroAfterSeconds) before scaling to zero",
+        f"{policy.scale_to_zero_after_seconds:g}s (scaleToZeroAfterSeconds) before "
+        + ("its pods sleep" if policy.scale_to_zero == SLEEP else "scaling to zero"),
     }  # fmt: skip

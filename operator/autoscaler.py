@@ -57,6 +57,7 @@ class AutoscalingPolicy:
     scale_down_stabilization_seconds: float = 300.0
     interval_seconds: float = 15.0
     scale_to_zero_after_seconds: float = 600.0  # with min_replicas 0 (autoscale_zero.py)
+    scale_to_zero: str = "delete"  # or "sleep": idle pods sleep instead of going away
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> AutoscalingPolicy:
@@ -88,6 +89,7 @@ class AutoscalingPolicy:
             scale_to_zero_after_seconds=float(
                 get("scaleToZeroAfterSeconds", d.scale_to_zero_after_seconds)
             ),
+            scale_to_zero=str(get("scaleToZero", d.scale_to_zero)),
         )
 
     def clamp(self, replicas: int) -> int:

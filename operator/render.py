@@ -189,6 +189,7 @@ def server_options(owner: Owner, spec: LLMServiceSpec, max_utilization: float) -
         "speculative_config": e.speculative.to_json() if e.speculative else None,
         "max_tokens_default": e.max_tokens_default,  # None: left out
         "request_timeout_s": e.request_timeout_s,
+        "enable_sleep_mode": True if spec.sleep_when_idle else None,  # scaleToZero: sleep
         **lora_options(spec),
         **source_options,
     }

@@ -30,6 +30,7 @@ KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # vLLM < 0.10
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 PREEMPTIONS = "vllm:num_preemptions_total"
+SLEEP_LEVEL = "llmservice:engine_sleep_level"  # 0 awake; the bundled server only (sleep mode)
 SUCCESS = "vllm:request_success_total"  # requests finished: scale to zero's activity signal
 DEFAULT_PORT = 8000
 
@@ -94,6 +95,7 @@ class Sample:
     running_requests: float | None
     preemptions_total: float | None
     requests_total: float | None = None  # vllm:request_success_total over finished_reason
+    sleep_level: float | None = None  # llmservice:engine_sleep_level (sleep mode)
 
 
 def parse_metrics(text: str) -> Sample:
@@ -117,6 +119,7 @@ def parse_metrics(text: str) -> Sample:
         running_requests=total(RUNNING),
         preemptions_total=total(PREEMPTIONS),
         requests_total=total(SUCCESS),
+        sleep_level=max(values[SLEEP_LEVEL]) if SLEEP_LEVEL in values else None,
     )
 
 

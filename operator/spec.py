@@ -281,6 +281,15 @@ class SchedulingSpec:
         )
 
 
+def sleeps_when_idle(autoscaling: dict[str, Any]) -> bool:
+    """Autoscaling to zero with `scaleToZero: sleep`: the pods need --enable-sleep-mode."""
+    return (
+        bool(autoscaling.get("enabled", False))
+        and autoscaling.get("minReplicas") == 0
+        and autoscaling.get("scaleToZero") == "sleep"
+    )
+
+
 @dataclass(frozen=True)
 class LLMServiceSpec:
     model: ModelSpec
@@ -292,6 +301,7 @@ class LLMServiceSpec:
     router: RouterSpec = field(default_factory=RouterSpec)  # router_spec.py, render_router.py
     gateway: GatewaySpec = field(default_factory=GatewaySpec)  # render_gateway.py
     adapters: tuple[AdapterSpec, ...] = ()  # LoRA adapters, loaded live (adapter_sync.py)
+    sleep_when_idle: bool = False  # autoscaling to zero by sleeping (--enable-sleep-mode)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LLMServiceSpec:
@@ -305,6 +315,7 @@ class LLMServiceSpec:
             router=RouterSpec.from_dict(data),
             gateway=GatewaySpec.from_dict(data.get("gateway")),
             adapters=adapters_from_list(data.get("adapters")),
+            sleep_when_idle=sleeps_when_idle(data.get("autoscaling") or {}),
         )
 
     @property

@@ -128,6 +128,9 @@ class ServerMetrics:
         self.steps = StepMetrics(r, model_name)  # the step-time budget (server/step_metrics.py)
         self.spec = SpecMetrics(r, model_name)  # speculative decoding (server/spec_metrics.py)
         self.lora = LoRAMetrics(r, max_loras) if max_loras else None  # --enable-lora (server/lora_metrics.py)
+        # sleep mode: the operator's scale-to-zero by sleeping reads which pods sleep (docs/cold-start.md)
+        self.sleep_level = gauge("llmservice:engine_sleep_level",
+                                 "Sleep mode: 0 awake, 1 KV freed and weights in host memory, 2 weights discarded.")
         self._last = EngineStats()
 
     # ---- engine-wide, every step ---------------------------------------------------------

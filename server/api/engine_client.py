@@ -260,6 +260,8 @@ class EngineClient:
 
     def _on_sleep_changed(self, msg: SleepChanged) -> None:
         self.sleep_level = msg.level
+        if self.metrics is not None:
+            self.metrics.sleep_level.set(msg.level)
         if self._sleep_waiters:
             waiter = self._sleep_waiters.pop(0)
             if not waiter.done():

@@ -91,3 +91,37 @@ def test_condition_only_for_objects_that_may_scale_to_zero():
         "True",
         "Idle",
     )
+
+
+SLEEPY = AutoscalingPolicy(
+    enabled=True, min_replicas=0, max_replicas=3, scale_to_zero_after_seconds=60,
+    scale_to_zero=zero.SLEEP,
+)  # fmt: skip
+
+
+def test_sleep_mode_keeps_the_replicas_and_sleeps_the_awake_pods_once_idle():
+    idle = clock((0, [IDLE_POD], 1), (61, [IDLE_POD], 1))
+    decision = decide(SLEEPY, OBS, History(), 61)
+    assert zero.apply(SLEEPY, OBS, idle, decision, 61) == decision  # no pod goes away
+    levels = {"u1": 0.0, "u2": 1.0, "u3": None}  # awake, asleep, not the bundled server
+    assert zero.pods_to_sleep(SLEEPY, OBS, idle, 61, levels) == ("u1",)
+    assert zero.pods_to_sleep(SLEEPY, OBS, idle, 59, levels) == ()  # the window has not passed
+    assert zero.pods_to_sleep(POLICY, OBS, idle, 61, levels) == ()  # scaleToZero delete
+
+
+def test_a_request_after_a_wake_restarts_the_window_before_sleeping_again():
+    busy = zero.PodActivity("u1", running=0, waiting=0, requests_total=6)  # the router woke it
+    idle = clock((0, [IDLE_POD], 1), (61, [IDLE_POD], 1), (90, [busy], 1))
+    assert zero.pods_to_sleep(SLEEPY, OBS, idle, 120, {"u1": 0.0}) == ()
+    assert zero.pods_to_sleep(SLEEPY, OBS, idle, 150, {"u1": 0.0}) == ("u1",)
+
+
+def test_sleep_mode_condition_says_asleep_only_when_every_pod_sleeps():
+    idle = clock((0, [IDLE_POD], 1), (70, [IDLE_POD], 1))
+    asleep = zero.condition(SLEEPY, 1, idle, 70, zero.all_asleep({"u1": 1.0}))
+    assert (asleep["status"], asleep["reason"]) == ("True", "Asleep")
+    assert "router wakes a pod" in asleep["message"]
+    half = zero.condition(SLEEPY, 2, idle, 70, zero.all_asleep({"u1": 1.0, "u2": 0.0}))
+    assert (half["status"], half["reason"]) == ("False", "Serving")
+    assert "before its pods sleep" in half["message"]
+    assert not zero.all_asleep({})

@@ -62,6 +62,7 @@ def test_policy_defaults_match_the_crd():
         "scaleDownStabilizationSeconds": ours.scale_down_stabilization_seconds,
         "intervalSeconds": ours.interval_seconds,
         "scaleToZeroAfterSeconds": ours.scale_to_zero_after_seconds,
+        "scaleToZero": ours.scale_to_zero,
     }
 
 

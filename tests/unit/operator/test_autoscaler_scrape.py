@@ -71,6 +71,10 @@ def test_reads_our_own_servers_exposition():
     text = prometheus_client.generate_latest(metrics.registry).decode()
     s = parse_metrics(text)
     assert (s.kv_cache_usage, s.preemptions_total, s.waiting_requests) == (0.25, 5.0, 0.0)
+    assert s.sleep_level == 0.0  # awake, and says so (scaleToZero sleep reads it)
+    metrics.sleep_level.set(1)
+    assert parse_metrics(prometheus_client.generate_latest(metrics.registry).decode()).sleep_level == 1.0
+    assert parse_metrics("vllm:num_requests_running 0\n").sleep_level is None  # stock vLLM
 
 
 def test_missing_metrics_are_none_and_garbage_raises():

@@ -67,7 +67,7 @@ def test_defaults_fill_a_minimal_object():
         "preemptionsPerMinutePerReplica": 5, "kvCacheUsageTarget": 0.8,
         "waitingRequestsPerReplica": 5, "scaleUpStabilizationSeconds": 0,
         "scaleDownStabilizationSeconds": 300, "intervalSeconds": 15,
-        "scaleToZeroAfterSeconds": 600,
+        "scaleToZeroAfterSeconds": 600, "scaleToZero": "delete",
     }  # fmt: skip
 
 

@@ -93,6 +93,16 @@ def test_switches_and_optional_flags():
     assert args[-2:] == ["--seed", "7"]
 
 
+def test_scale_to_zero_by_sleeping_turns_on_sleep_mode_in_the_pods():
+    obj = example("smollm2-cpu")
+    obj["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 0, "scaleToZero": "delete"}
+    assert "--enable-sleep-mode" not in args_of(rendered(obj))
+    obj["spec"]["autoscaling"]["scaleToZero"] = "sleep"
+    assert "--enable-sleep-mode" in args_of(rendered(obj))
+    obj["spec"]["autoscaling"]["minReplicas"] = 1  # never idles to zero: nothing sleeps
+    assert "--enable-sleep-mode" not in args_of(rendered(obj))
+
+
 def test_operator_ceiling_caps_the_utilization_flag():
     obj = example("llama-3-8b")
     obj["spec"]["resources"]["gpuMemoryUtilization"] = 0.95
