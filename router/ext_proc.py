@@ -5,8 +5,8 @@ A grpc.aio server implementing Envoy's `envoy.service.ext_proc.v3.ExternalProces
 the gRPC health service the endpoint-picker protocol asks for (`liveness`, `readiness`,
 the ExternalProcessor service name, and ""). It picks from the same `PodPool` as the
 HTTP proxy (the EndpointSlice watch or `--backend` pods, their scraped loads) with the
-same policy (routing.py through `PodPool.pick`, prefix_key.py), so a request gets the
-pod the HTTP router would have sent it to. A pick counts as in flight on that pod until
+same policy (routing.py through `PodPool.pick`, prefix_key.py, the body's `model` for
+LoRA adapter affinity), so a request gets the pod the HTTP router would have sent it to. A pick counts as in flight on that pod until
 the gateway closes the stream (the end of the HTTP request), as a proxied request does.
 No pod: 503 at once (Envoy's ext-proc message timeout is far shorter than a hold), and
 with `--scale-from-zero` the waker is poked so the next request finds a pod.
@@ -27,7 +27,7 @@ from llmservice.router.ext_proc_stream import ExtProcStream, Picked
 from llmservice.router.metrics import RouterMetrics
 from llmservice.router.pool import PodPool
 from llmservice.router.prefix_key import prefix_key
-from llmservice.router.proxy import RouterConfig
+from llmservice.router.proxy import RouterConfig, request_model
 from llmservice.router.wake import Waker
 
 log = logging.getLogger(__name__)
@@ -59,18 +59,19 @@ class PoolPicker:
                 pod for pod, ep in self.pool.endpoints.items()
                 if not in_subset(endpoint_address(ep.url), subset)
             )  # fmt: skip
-        choice = self.pool.pick(key, cfg.policy, cfg.load_factor, exclude)
+        choice = self.pool.pick(key, cfg.policy, cfg.load_factor, exclude, request_model(body))
         if choice is None:
             self.metrics.requests.labels("", "503").inc()
             if self.waker is not None:
                 self.waker.poke()
             return None
         self.metrics.decisions.labels(choice.reason).inc()
-        self.pool.started(choice.pod)
-        return Picked(choice.pod, endpoint_address(self.pool.endpoints[choice.pod].url))
+        self.pool.started(choice.pod, choice.adapter)
+        address = endpoint_address(self.pool.endpoints[choice.pod].url)
+        return Picked(choice.pod, address, choice.adapter)
 
     def release(self, picked: Picked) -> None:
-        self.pool.finished(picked.pod)
+        self.pool.finished(picked.pod, picked.adapter)
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):

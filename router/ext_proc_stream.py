@@ -37,6 +37,7 @@ RETRY_AFTER_S = 5
 class Picked:
     pod: str  # the pod's name (load accounting)
     address: str  # its `ip:port` (what the gateway dials)
+    adapter: str | None = None  # the request's LoRA adapter (counted active on the pod)
 
 
 class Picker(Protocol):

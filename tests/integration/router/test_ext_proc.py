@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -37,6 +38,7 @@ from llmservice.router.proxy import RouterConfig
 
 from tests.support.ports import free_port
 from tests.unit.router.fake_pods import FakePod
+from tests.unit.router.lora_metrics_text import server_metrics
 
 Mode = processing_mode_pb2.ProcessingMode
 SYSTEM = "You are a terse assistant for a shipping company. " * 30  # ~1500 chars
@@ -262,6 +264,42 @@ def test_a_body_that_is_not_json_is_answered_400_and_counts_on_no_pod():
     assert only.immediate_response.status.code == 400
     assert "not JSON" in json.loads(only.immediate_response.body)["error"]["message"]
     assert in_flight == {} and sum(p.requests for p in pods) == 0
+
+
+class LoraPod(FakePod):
+    """A fake pod that reports LoRA adapters active on it, as a server with --enable-lora."""
+
+    active: tuple[str, ...] = ()
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=server_metrics(self.running, self.active, max_loras=1))
+
+
+def test_a_lora_adapter_goes_to_the_pod_where_it_is_active_as_in_the_proxy():
+    holder, other = LoraPod("holder"), LoraPod("other")
+    holder.active = ("sql",)
+
+    async def body(stub, pool: PodPool, _) -> dict[str, Any]:
+        out: dict[str, set[str]] = {"sql": set(), "base": set()}
+        for i in range(8):
+            for model in ("sql", "base"):
+                payload = chat(f"q{i}", system=f"schema {i} " * 100) | {"model": model}
+                call = stub.Process()
+                await call.write(headers_message())
+                for m in body_messages(json.dumps(payload).encode()):
+                    await call.write(m)
+                out[model].add(destination(await call.read())[0])
+                if model == "sql":  # counted on its pod until the stream ends
+                    counted = {p: dict(c) for p, c in pool.adapters_in_flight.items()}
+                await call.done_writing()
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+        return out | {"counted": counted, "after": dict(pool.adapters_in_flight)}
+
+    out = run(with_picker([holder, other], body))
+    assert out["sql"] == {address(holder)}
+    assert out["base"] == {address(holder), address(other)}  # no adapter: the prefix ring
+    assert out["counted"] == {"holder": {"sql": 1}} and out["after"] == {}
 
 
 def test_buffered_mode_continues_the_headers_and_names_the_pod_in_the_body_answer():
