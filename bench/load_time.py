@@ -2,12 +2,19 @@
 embedded GGUF and a random ~1 GB sharded-safetensors Llama saved by transformers, against
 the time to read the same files (`cat` to /dev/null).
 
-Each run is a fresh subprocess that builds the engine the way `LLMEngine.from_config`
-does, one phase at a time, so each phase gets its own clock:
-process start (exec to the first line of Python), imports, tokenizer + config, weight read
-(the loader), weight placement (LlamaModel: device copy, fusing, packing), KV pool (memory
-plan + engine with its pools), warm-up (step-cost profile + preemption-cost timing), first
-token (one greedy request of a 16-token prompt). Peak RSS (VmHWM) is recorded too.
+Each run is a fresh subprocess that builds the engine the way `serve`'s engine core does
+(`LLMEngine.from_config(..., defer_warm_up=True)`), one phase at a time, so each phase
+gets its own clock: process start (exec to the first line of Python), imports, tokenizer
++ config (the model metadata and the tokenizer built from it), weight read (the loader),
+weight placement (LlamaModel: device copy, fusing, packing), KV pool (memory plan + engine
+with its pools), warm-up (what runs before ready: nothing on CPU; CUDA graphs on a GPU),
+first token (one greedy request of a 16-token prompt, right after ready). After it, the
+deferred start-up measurements (step-cost profile + preemption prices, warm_up.py) are
+timed too, as the core runs them once idle; they are not part of ready. Peak RSS (VmHWM)
+is recorded too.
+
+Then the real thing, `llmservice serve` (API process + engine-core process, both on the
+same cores): seconds from exec to `/ready` answering 200, and to the first completion.
 
 The page cache: when /proc/sys/vm/drop_caches is writable, every run (and every `cat`)
 starts cold; otherwise both are warm (one unrecorded run first) and the JSON says which.
@@ -21,10 +28,13 @@ import argparse
 import json
 import os
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -35,6 +45,7 @@ SHAPE = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=12, num
 SHARD_SIZE = "250MB"
 PHASES = ("process_start", "imports", "tokenizer", "weight_read", "weight_placement", "kv_pool", "warm_up",
           "first_token")
+AFTER_READY = ("deferred_warm_up",)
 
 
 def status_kib(key: str) -> int:
@@ -57,12 +68,14 @@ def measure(model: str, spawned_at: float) -> dict:
     from llmservice.server.engine import startup
     from llmservice.server.engine.engine import LLMEngine
     from llmservice.server.engine.sampling_params import SamplingParams
+    from llmservice.server.engine.warm_up import WarmUp
     from llmservice.server.model.llama import LlamaModel
     from llmservice.server.model.loader import load_model, read_model_info
     from llmservice.server.tokenizer import TextTokenizer
     mark("imports")
     config = EngineConfig(model=model, device="cpu", max_model_len=2048)
-    read_model_info(model)
+    _, info, source = read_model_info(model)
+    tokenizer = TextTokenizer(source, info.eos_token_ids)
     mark("tokenizer")
     rss_before = status_kib("VmRSS") * 1024
     loaded = load_model(model, torch.float32, device=torch.device("cpu"), cpu_weights=config.cpu_weights)
@@ -71,19 +84,64 @@ def measure(model: str, spawned_at: float) -> dict:
     built = LlamaModel(loaded.config, loaded.weights, torch.device("cpu"), torch.float32, 2048, consume=True)
     mark("weight_placement")
     plan = startup.plan_memory(config, built)
-    engine = LLMEngine(config, built, TextTokenizer(loaded.tokenizer, loaded.config.eos_token_ids), plan, 0.0)
+    engine = LLMEngine(config, built, tokenizer, plan, 0.0)
     mark("kv_pool")
-    profiled = engine.seed_cost_model() if engine.scheduler.time_budget_on else []
-    engine.scheduler.costs = startup.measure_preemption_costs(
-        config, built, engine.runner.kv_caches, engine.swap_pools, plan.num_blocks,
-        engine.swap_space.num_blocks, plan.kv_bytes_per_token, prefill=startup.profiled_prefills(profiled))
+    engine.warm_up = WarmUp(engine)  # deferred, as serve's engine core builds it (CPU: no graphs)
     mark("warm_up")
     engine.add_request(list(range(1, 17)), SamplingParams(temperature=0.0, max_tokens=1), "first")
     while engine.has_unfinished_requests():
         engine.step()
     mark("first_token")
+    peak_ready = status_kib("VmHWM") * 1024
+    engine.warm_up.run()
+    mark("deferred_warm_up")
     return {"phases": marks, "weight_bytes": built.weight_bytes(), "rss_before_weights": rss_before,
-            "peak_rss": status_kib("VmHWM") * 1024}
+            "peak_rss": peak_ready, "peak_rss_after_warm_up": status_kib("VmHWM") * 1024}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_seconds(model: str, cold: bool) -> dict:
+    """`llmservice serve MODEL` from exec to /ready == 200 and to a first completion."""
+    if cold:
+        drop_caches()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cli = Path(sys.executable).with_name("llmservice")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([str(cli), "serve", model, "--port", str(port), "--host", "127.0.0.1", "--device", "cpu",
+                             "--max-model-len", "2048", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ready = None
+        while ready is None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve {model} exited with {proc.returncode}")
+            try:
+                with urllib.request.urlopen(url + "/ready", timeout=5) as answer:
+                    if answer.status == 200:
+                        ready = time.perf_counter() - t0
+            except OSError:
+                time.sleep(0.02)
+            if time.perf_counter() - t0 > 900:
+                raise RuntimeError(f"serve {model} not ready in 900 s")
+        body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 1,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            json.load(answer)
+        return {"ready": ready, "first_token": time.perf_counter() - t0}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def save_tokenizer(folder: Path) -> None:
@@ -145,8 +203,9 @@ def run_child(model: str, cold: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def summarize(name: str, model: str, files: list[Path], runs: list[dict], cat_s: float, cold: bool) -> dict:
-    phases = {p: round(statistics.median(r["phases"][p] for r in runs), 3) for p in PHASES}
+def summarize(name: str, model: str, files: list[Path], runs: list[dict], cat_s: float, cold: bool,
+              serves: list[dict]) -> dict:
+    phases = {p: round(statistics.median(r["phases"][p] for r in runs), 3) for p in PHASES + AFTER_READY}
     ready = sum(phases[p] for p in PHASES if p != "first_token")
     w = runs[0]["weight_bytes"]
     peak_added = max(r["peak_rss"] - r["rss_before_weights"] for r in runs)
@@ -156,14 +215,21 @@ def summarize(name: str, model: str, files: list[Path], runs: list[dict], cat_s:
         "ready_seconds": round(ready, 3), "first_token_seconds": round(ready + phases["first_token"], 3),
         "cat_seconds": round(cat_s, 3), "ready_over_cat": round(ready / cat_s, 2),
         "peak_rss_bytes": max(r["peak_rss"] for r in runs),
+        "peak_rss_after_warm_up_bytes": max(r["peak_rss_after_warm_up"] for r in runs),
         "peak_added_rss_over_weights": round(peak_added / w, 3),
-        "runs": [{p: round(r["phases"][p], 3) for p in PHASES} for r in runs],
+        "runs": [{p: round(r["phases"][p], 3) for p in PHASES + AFTER_READY} for r in runs],
+        "serve_ready_seconds": round(statistics.median(r["ready"] for r in serves), 3),
+        "serve_first_token_seconds": round(statistics.median(r["first_token"] for r in serves), 3),
+        "serve_ready_over_cat": round(statistics.median(r["ready"] for r in serves) / cat_s, 2),
+        "serve_runs": [{k: round(v, 3) for k, v in r.items()} for r in serves],
     }
     print(f"{name}: ready {ready:.2f} s (cat {cat_s:.2f} s, {out['ready_over_cat']:.1f}x), first token "
           f"{out['first_token_seconds']:.2f} s; added RSS {peak_added / 1e9:.2f} GB "
           f"({out['peak_added_rss_over_weights']:.2f} x W)")
-    for p in PHASES:
+    for p in PHASES + AFTER_READY:
         print(f"  {p:>16}: {phases[p]:7.3f} s")
+    print(f"  llmservice serve: ready {out['serve_ready_seconds']:.2f} s ({out['serve_ready_over_cat']:.1f}x cat), "
+          f"first token {out['serve_first_token_seconds']:.2f} s")
     return out
 
 
@@ -189,10 +255,12 @@ def main() -> None:
         if not cold:
             run_child(model, cold)  # the files into the page cache, for the runs and the cat alike
         runs = [run_child(model, cold) for _ in range(args.repeats)]
+        serves = [serve_seconds(model, cold) for _ in range(args.repeats)]
         cat_s = statistics.median(cat_seconds(files, cold) for _ in range(3))
-        results[name] = summarize(name, model, files, runs, cat_s, cold)
+        results[name] = summarize(name, model, files, runs, cat_s, cold, serves)
     results["machine"] = {"cpu_count": os.cpu_count(), "device": "cpu",
-                          "note": "ready = every phase before first_token; GGUF: Q4_1 matrices kept packed"}
+                          "note": "ready = every phase before first_token (the deferred warm-up runs after "
+                                  "ready); serve = the real two-process server; GGUF: Q4_1 matrices kept packed"}
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
