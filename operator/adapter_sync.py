@@ -17,7 +17,6 @@ every `interval` seconds, and at once when its adapters or its ready pods change
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
@@ -34,11 +33,12 @@ from llmservice.operator.adapter_diff import (
     plan_adapters,
 )
 from llmservice.operator.adapter_spec import served_path
+from llmservice.operator.api_key import read_api_key
 from llmservice.operator.autoscale_loop import Key, Sources, event_manifest
 from llmservice.operator.kube import Kube, path_for
 from llmservice.operator.publish import StatusPublisher
 from llmservice.operator.scrape import PodTarget
-from llmservice.operator.spec import LLMServiceSpec, SecretKeyRef
+from llmservice.operator.spec import LLMServiceSpec
 
 log = logging.getLogger(__name__)
 
@@ -124,18 +124,6 @@ async def sync_service(
     return list(
         await asyncio.gather(*(sync_pod(client, pod_base_url(t), t.name, desired, api_key) for t in ready))
     )
-
-
-def read_api_key(kube: Kube, namespace: str, ref: SecretKeyRef) -> str:
-    """spec.engine.apiKeySecretRef's key, as the pods get it; ValueError says what is wrong."""
-    where = f"Secret {namespace}/{ref.name}"
-    secret = kube.get(path_for("v1", "secrets", namespace, ref.name))
-    if secret is None:
-        raise ValueError(f"{where} (spec.engine.apiKeySecretRef) does not exist")
-    value = (secret.get("data") or {}).get(ref.key)
-    if not value:
-        raise ValueError(f"{where} has no key {ref.key!r} (spec.engine.apiKeySecretRef.key)")
-    return base64.b64decode(value).decode().strip()
 
 
 @dataclass

@@ -37,6 +37,7 @@ from llmservice.operator import telemetry as tm
 from llmservice.operator.advisor import loop_hook
 from llmservice.operator.advisor.service_advice import ServiceAdvisor
 from llmservice.operator.advisor.service_advice import enabled as advisor_enabled
+from llmservice.operator.api_key import read_api_key
 from llmservice.operator.autoscaler import (
     AutoscalingPolicy,
     Decision,
@@ -486,8 +487,6 @@ class AutoscaleLoop:
         policy: AutoscalingPolicy,
     ) -> dict[str, float | None]:
         """scaleToZero sleep: put the idle pods to sleep; the sleep levels after it."""
-        from llmservice.operator.adapter_sync import read_api_key  # it imports this module
-
         namespace = body["metadata"]["namespace"]
         api_key = None
         ref = LLMServiceSpec.from_dict(body.get("spec") or {}).engine.api_key_secret
