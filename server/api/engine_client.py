@@ -25,6 +25,7 @@ from llmservice.server.engine.messages import (
     EngineFailed,
     EngineReady,
     EngineStats,
+    Listening,
     LoadLoRA,
     LoRAChanged,
     Report,
@@ -144,6 +145,7 @@ class EngineClient:
         self.metrics = metrics
         self._reader = threading.Thread(target=self._read_loop, name="engine-reader", daemon=True)
         self._reader.start()
+        self.inbox.put(Listening())
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._closing = True

@@ -26,6 +26,7 @@ from llmservice.server.engine.messages import (
     EngineFailed,
     EngineReady,
     EngineStats,
+    Listening,
     LoadLoRA,
     LoRAChanged,
     Rejected,
@@ -43,6 +44,9 @@ from llmservice.server.model.loaded import UnsupportedModelError
 log = logging.getLogger("llmservice.engine_core")
 
 IDLE_POLL_S = 0.5  # how often an idle core checks that its parent is still alive
+# The start-up measurements (warm_up.py) begin once the API listens and the engine has been
+# idle this long, so the requests that come right after ready do not queue behind them.
+WARM_UP_AFTER_IDLE_S = 1.0
 
 # TEST ONLY: every step takes at least this many ms (the core sleeps out the rest). Tests
 # of clocks (a request timeout that must fire mid-generation) set it, so that what they
@@ -96,6 +100,7 @@ class EngineCore:
         self.engine = engine
         self.sleep = SleepController(engine)
         self.outbox = outbox  # sleep answers go out as soon as they are known
+        self.listening = False  # the API serves (Listening): deferred measurements may start
 
     def apply(self, commands: list[Any]) -> tuple[Report | None, bool]:
         """Returns the admission report (None if nothing was admitted/aborted) and
@@ -105,6 +110,9 @@ class EngineCore:
         for cmd in commands:
             if isinstance(cmd, Shutdown):
                 return None, True
+            if isinstance(cmd, Listening):
+                self.listening = True
+                continue
             touched = True
             if isinstance(cmd, AddRequest):
                 self._add(cmd, report)
@@ -174,11 +182,11 @@ class EngineCore:
         return Report(stats=engine_stats(self.engine, stepped=True), deltas=deltas)
 
 
-def _drain(inbox: Any, block: bool) -> list[Any]:
+def _drain(inbox: Any, block: bool, timeout_s: float = IDLE_POLL_S) -> list[Any]:
     commands: list[Any] = []
     if block:
         try:
-            commands.append(inbox.get(timeout=IDLE_POLL_S))
+            commands.append(inbox.get(timeout=timeout_s))
         except queue.Empty:
             return commands
     while True:
@@ -255,9 +263,15 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
     core = EngineCore(engine, outbox)
     parent = mp.parent_process()
     min_step_s = _min_step_s()
+    busy_at = time.monotonic()  # when the engine last had work (the warm-up waits for idle time)
     while True:
         idle = not engine.has_unfinished_requests()
-        commands = _drain(inbox, block=idle and not core.warming_up)
+        wait_s = IDLE_POLL_S
+        if core.warming_up and core.listening:
+            wait_s = max(0.0, busy_at + WARM_UP_AFTER_IDLE_S - time.monotonic())
+        commands = _drain(inbox, block=idle and wait_s > 0, timeout_s=min(wait_s, IDLE_POLL_S))
+        if commands or not idle:
+            busy_at = time.monotonic()
         if not commands and idle and parent is not None and not parent.is_alive():
             return
         report, shutdown = core.apply(commands)
@@ -266,7 +280,7 @@ def run_engine_core(config: EngineConfig, inbox: Any, outbox: Any, log_level: in
         if report is not None:
             outbox.put(report)
         core._answer(core.sleep.maybe_sleep())
-        if not commands and idle:
+        if core.listening and not commands and idle and time.monotonic() - busy_at >= WARM_UP_AFTER_IDLE_S:
             core._answer(core.warm_up_piece())
         if engine.has_unfinished_requests():
             try:

@@ -62,6 +62,12 @@ class UnloadLoRA:
     lora_name: str
 
 
+@dataclass
+class Listening:
+    """The API serves requests from now on: the engine core's deferred start-up
+    measurements may begin once it has been idle a moment (core.py)."""
+
+
 # ---- engine core -> API process ---------------------------------------------------------
 
 
