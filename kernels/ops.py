@@ -44,6 +44,7 @@ def _load_triton() -> SimpleNamespace:
             triton_cache,
             triton_common,
             triton_decode,
+            triton_lora,
             triton_norm,
             triton_prefill,
             triton_rotary,
@@ -52,6 +53,7 @@ def _load_triton() -> SimpleNamespace:
         modules: dict[str, ModuleType] = {
             "cache": triton_cache,
             "decode": triton_decode,
+            "lora": triton_lora,
             "norm": triton_norm,
             "prefill": triton_prefill,
             "rotary": triton_rotary,
@@ -130,6 +132,13 @@ def rotary_embedding(positions, q, k, cos_sin_cache) -> None:
         _triton_for(q).rotary.rotary_embedding(positions, q, k, cos_sin_cache)
     else:
         torch_ops.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+def lora_add(x, a, b, scalings, tiles, widths, out) -> None:
+    """The LoRA delta of a step's adapter rows added into `out` by the Triton kernels.
+    Only the Triton path lives here: the CPU path is server/lora/weights.py's per-group
+    torch loop, which skips the modules an adapter does not target."""
+    _triton_for(x).lora.add_lora(x, a, b, scalings, tiles, widths, out)
 
 
 def silu_and_mul(gate_up):

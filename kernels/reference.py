@@ -98,6 +98,33 @@ def rotary_embedding(
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def lora_add(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: list[int],
+    widths: tuple[int, ...],
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """`out` after adding each row's LoRA delta, the contract of triton_lora.add_lora: a
+    row of slot s >= 0 gets scalings[s] * x @ A_m[s]^T @ B_m[s]^T in module m's columns,
+    where A_m is rows m*R..(m+1)*R of a [slots, n*R, in] and B_m columns of b [slots,
+    sum(widths), R] starting at the module's offset; slot -1 rows are unchanged."""
+    result = _f64(out).clone()
+    rank = b.shape[2]
+    for row, slot in enumerate(row_slots):
+        if slot < 0:
+            continue
+        col = 0
+        for m, width in enumerate(widths):
+            a_m = _f64(a[slot, m * rank : (m + 1) * rank])
+            b_m = _f64(b[slot, col : col + width])
+            result[row, col : col + width] += float(scalings[slot]) * (b_m @ (a_m @ _f64(x[row])))
+            col += width
+    return result
+
+
 def rotary_cos_sin_cache(max_positions: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """The [max_positions, head_dim] cat(cos, sin) table the rotary op expects, in float32."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))

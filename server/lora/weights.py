@@ -4,38 +4,67 @@ lora_B [slots, out, R] zero-padded to --max-lora-rank, and the step's row -> slo
 The model asks `add(layer, modules, x, out)` after each projection: the delta of each
 row group is added into that module's columns of `out` (fused q/k/v and gate/up
 outputs take one call), never merged into the base weights.
+
+Each fused group's stacks are stored side by side, `A [slots, n_modules * R, in]` and
+`B [slots, sum(out), R]`, with each module's stack a view into them: on CUDA the Triton
+kernels (kernels/triton_lora.py) take the whole group in one shrink and one expand
+launch per projection for all the step's rows; on CPU the per-group torch loop reads the
+module views (the same contiguous [R, in] / [out, R] matrices per slot as separate
+stacks would give, so the same bits).
 """
 
 from __future__ import annotations
 
 import torch
+from llmservice.kernels import ops
+from llmservice.kernels.lora_rows import LoRATiles, lora_tiles
 from llmservice.server.lora.adapter import LoRAAdapter
 from llmservice.server.lora.fit import projection_shapes
 from llmservice.server.model.config import ModelConfig
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the projections the model computes as one GEMM each (server/model/llama.py's order)
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 
 
 class LoRAWeights:
     def __init__(self, config: ModelConfig, num_slots: int, max_rank: int, device: torch.device, dtype: torch.dtype):
         self.num_slots, self.max_rank = num_slots, max_rank
         self.shapes = projection_shapes(config)
+        # per layer: each group's stacks, and each module's views into them
+        self.group_a: list[dict[tuple[str, ...], torch.Tensor]] = []
+        self.group_b: list[dict[tuple[str, ...], torch.Tensor]] = []
         self.a: list[dict[str, torch.Tensor]] = []
         self.b: list[dict[str, torch.Tensor]] = []
         for _ in range(config.num_layers):
-            self.a.append({m: torch.zeros(num_slots, max_rank, self.shapes[m][0], device=device, dtype=dtype)
-                           for m in MODULES})  # fmt: skip
-            self.b.append({m: torch.zeros(num_slots, self.shapes[m][1], max_rank, device=device, dtype=dtype)
-                           for m in MODULES})  # fmt: skip
+            self.group_a.append({})
+            self.group_b.append({})
+            self.a.append({})
+            self.b.append({})
+            for group in GROUPS:
+                fan_in = self.shapes[group[0]][0]
+                widths = [self.shapes[m][1] for m in group]
+                a = torch.zeros(num_slots, len(group) * max_rank, fan_in, device=device, dtype=dtype)
+                b = torch.zeros(num_slots, sum(widths), max_rank, device=device, dtype=dtype)
+                self.group_a[-1][group], self.group_b[-1][group] = a, b
+                col = 0
+                for i, (m, width) in enumerate(zip(group, widths, strict=True)):
+                    self.a[-1][m] = a[:, i * max_rank : (i + 1) * max_rank]
+                    self.b[-1][m] = b[:, col : col + width]
+                    col += width
         self.scalings = [0.0] * num_slots  # host floats: no device read per projection
+        self.scaling_tensor = torch.zeros(num_slots, dtype=torch.float32, device=device)  # the kernels'
         # per slot: the modules its adapter targets in each layer (others are zeros: skipped)
         self.targets: list[set[tuple[int, str]]] = [set() for _ in range(num_slots)]
-        self.groups: list[tuple[int, torch.Tensor]] | None = None  # this step's (slot, rows)
+        self.row_slots: list[int] = []  # this step's slot per flat row; empty: no adapter rows
+        self.groups: list[tuple[int, torch.Tensor]] | None = None  # its (slot, rows), torch path
+        self.tiles: LoRATiles | None = None  # the Triton kernels' row tiles, built at first use
         self.device = device
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for layer in self.a + self.b for t in layer.values())
+        stacks = self.group_a + self.group_b
+        return sum(t.numel() * t.element_size() for layer in stacks for t in layer.values())
 
     def load_slot(self, slot: int, adapter: LoRAAdapter) -> None:
         """Copy an adapter into a slot (what it does not target stays zero)."""
@@ -48,27 +77,36 @@ class LoRAWeights:
             self.a[layer][m][slot, :r].copy_(a)
             self.b[layer][m][slot, :, :r].copy_(b)
         self.scalings[slot] = adapter.scaling
+        self.scaling_tensor[slot] = adapter.scaling
         self.targets[slot] = set(adapter.weights)
 
     def set_rows(self, row_slots: list[int] | None) -> None:
-        """The step's slot per flat row (-1: the base model); None or all -1: no delta."""
-        self.groups = None
-        if not row_slots or max(row_slots) < 0:
-            return
-        rows: dict[int, list[int]] = {}
-        for i, s in enumerate(row_slots):
-            if s >= 0:
-                rows.setdefault(s, []).append(i)
-        self.groups = [(s, torch.tensor(r, device=self.device)) for s, r in sorted(rows.items())]
+        """The step's slot per flat row (-1: the base model); None or all -1: no delta.
+        The row groups (torch path) or tiles (Triton path) are built at the step's first
+        `add`, for the path that runs."""
+        self.groups, self.tiles = None, None
+        self.row_slots = list(row_slots) if row_slots and max(row_slots) >= 0 else []
 
     @property
     def active(self) -> bool:
-        return self.groups is not None
+        return bool(self.row_slots)
+
+    def _row_groups(self) -> list[tuple[int, torch.Tensor]]:
+        if self.groups is None:
+            rows: dict[int, list[int]] = {}
+            for i, s in enumerate(self.row_slots):
+                if s >= 0:
+                    rows.setdefault(s, []).append(i)
+            self.groups = [(s, torch.tensor(r, device=self.device)) for s, r in sorted(rows.items())]
+        return self.groups
 
     def add(self, layer: int, modules: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out[:, module's columns] += scaling * x @ A^T @ B^T for each row group."""
-        assert self.groups is not None
-        for slot, rows in self.groups:
+        assert self.active
+        if ops.backend_for(x) == "triton":
+            self._add_triton(layer, modules, x, out)
+            return out
+        for slot, rows in self._row_groups():
             xs = None
             col = 0
             for m in modules:
@@ -79,6 +117,14 @@ class LoRAWeights:
                     out[:, col : col + width].index_add_(0, rows, delta, alpha=self.scalings[slot])
                 col += width
         return out
+
+    def _add_triton(self, layer: int, modules: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None:
+        """All row groups and all the group's modules in one shrink and one expand launch."""
+        if self.tiles is None:
+            self.tiles = lora_tiles(self.row_slots, self.device)
+        widths = tuple(self.shapes[m][1] for m in modules)
+        ops.lora_add(x, self.group_a[layer][modules], self.group_b[layer][modules], self.scaling_tensor,
+                     self.tiles, widths, out)  # fmt: skip
 
 
 def lora_weights_for(config, model) -> LoRAWeights:
