@@ -29,7 +29,8 @@ def _run(decode: dict, mode: str, batch: int) -> dict:
 
 def summarize(folder: Path) -> dict:
     """Pure over the stage files: each figure, its target and whether it is met (None: not measured)."""
-    check, decode, offline = (_load(folder, f"gpu-{n}.json") for n in ("engine_check", "decode_step", "offline_throughput"))
+    check, decode, offline, kv_fp8 = (_load(folder, f"gpu-{n}.json")
+                                      for n in ("engine_check", "decode_step", "offline_throughput", "kv_fp8"))  # fmt: skip
     g128, e128, g1, e1 = _run(decode, "graphs", 128), _run(decode, "eager", 128), _run(decode, "graphs", 1), _run(decode, "eager", 1)
     engine = offline.get("engine", {})
     bw = decode.get("copy_bytes_per_s")
@@ -49,6 +50,7 @@ def summarize(folder: Path) -> dict:
         "graphs_identical_to_static_eager": check.get("graphs_vs_eager", {}).get("graphs_sync", {})
                                                  .get("vs_static_eager", {}).get("identical"),
         "no_host_sync": check.get("no_host_sync"),
+        "kv_fp8": _kv_fp8_figures(kv_fp8),
         "preemption_under_graphs": {m: {k: v for k, v in r.items() if k in ("identical", "preemptions", "graph_replays", "free_blocks_after", "num_blocks")}
                                     for m, r in check.get("preemption_modes", {}).items() if isinstance(r, dict)},
     }  # fmt: skip
@@ -57,7 +59,20 @@ def summarize(folder: Path) -> dict:
         value = figures.get(key)
         met[key] = None if value is None else (value <= target if key == "decode_b128_ms" else value >= target)
     return {"figures": figures, "targets": TARGETS, "met": met,
-            "missing": [d["missing"] for d in (check, decode, offline) if "missing" in d]}  # fmt: skip
+            "missing": [d["missing"] for d in (check, decode, offline, kv_fp8) if "missing" in d]}  # fmt: skip
+
+
+def _kv_fp8_figures(kv_fp8: dict) -> dict:
+    """--kv-cache-dtype fp8 vs auto (bf16): block counts, greedy agreement; fp8 Triton vs torch."""
+    vs_auto, paths = kv_fp8.get("fp8_vs_auto_bfloat16", {}), kv_fp8.get("fp8_triton_vs_torch_fp32", {})
+    runs = vs_auto.get("runs", {})
+    return {"num_blocks": {k: r.get("num_blocks") for k, r in runs.items()},
+            "max_concurrent_full_length_seqs": {k: r.get("max_concurrent_full_length_seqs") for k, r in runs.items()},
+            "block_ratio_fp8_over_auto": vs_auto.get("block_ratio_fp8_over_auto"),
+            "greedy_vs_auto": vs_auto.get("greedy"), "graph_replays_fp8": runs.get("fp8", {}).get("graph_replays"),
+            "triton_vs_torch_logits_rel_err": paths.get("logits_rel_err"),
+            "triton_vs_torch_greedy": paths.get("greedy"),
+            "errors": [name for name, r in kv_fp8.items() if isinstance(r, dict) and "error" in r]}  # fmt: skip
 
 
 def main() -> None:
