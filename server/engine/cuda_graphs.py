@@ -6,7 +6,9 @@ GPU reads the weights in a few ms. Replaying a captured graph launches them all 
 A graph fixes its tensors' addresses and its launch sizes, so the runner keeps the step's
 inputs in fixed buffers (static_inputs.py), pads the batch up to the next captured size,
 and the graphed forward must read no host value that changes between replays (the split
-count of decode attention is sized from a fixed bound, not from this step's lengths).
+count of decode attention is sized from a fixed bound, not from this step's lengths). fp8 KV pools need
+nothing more: their scales are Python floats fixed at allocation, passed to the Triton
+launches as constants, so a replay reads the same scales the capture saw.
 
 Mixed prefill + decode steps, prefill-only steps, speculative verify steps and decode
 batches larger than the largest captured size run eagerly.
