@@ -1,15 +1,19 @@
 """Multi-LoRA throughput: the embedded model (builtin:smollm2-135m) with N random LoRA
-adapters (rank 8 and 16, all seven projections) made and saved by PEFT, against the base
-model alone, same load (a closed batch of R requests, P prompt tokens, T greedy tokens
-each), one run, one engine. Prints tok/s per case and the ratio to the base; writes
-bench/results/lora.json. Target: >= 0.8x of the base with 8 adapters on CPU, with 64 on GPU.
+adapters (rank 8 and 16, all seven projections) written in PEFT's file format, against
+the base model alone, same load (a closed batch of R requests, P prompt tokens, T greedy
+tokens each), one run, one engine. Prints tok/s per case and the ratio to the base; writes
+bench/results/lora.json (gpu-lora.json on CUDA, where the delta runs in the Triton LoRA
+kernels). Target: >= 0.8x of the base with 8 adapters on CPU, with 64 on GPU.
 
     .venv/bin/python bench/lora.py [--quick] [--adapters 1 8 64]
+    # a GPU session (scripts/gpu_session.sh): random weights of the model's shape
+    python bench/lora.py --model .gpu/models/smollm2-135m-shape --load-format dummy --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -21,25 +25,30 @@ import torch  # noqa: E402
 
 
 def save_adapters(root: Path, config, n: int) -> dict[str, Path]:
-    """N adapters of the base's shapes, random A and B, saved by PEFT."""
-    import peft
-    import transformers
+    """N adapters of the base's shapes, random A and B, as PEFT saves them
+    (adapter_config.json + adapter_model.safetensors; peft itself is not needed, so the
+    GPU image without it runs this too)."""
+    from llmservice.server.lora.fit import projection_shapes
+    from safetensors.torch import save_file
 
-    hf_config = transformers.LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim,
-    )  # fmt: skip
-    base = transformers.LlamaForCausalLM(hf_config)
+    shapes = projection_shapes(config)
+    gen = torch.Generator().manual_seed(1)
     out = {}
-    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     for i in range(n):
         rank = 8 if i % 2 == 0 else 16
-        model = peft.get_peft_model(base, peft.LoraConfig(r=rank, lora_alpha=rank, target_modules=modules,
-                                                          init_lora_weights=False))  # fmt: skip
+        tensors = {}
+        for layer in range(config.num_layers):
+            for module, (fan_in, fan_out) in shapes.items():
+                group = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+                key = f"base_model.model.model.layers.{layer}.{group}.{module}"
+                tensors[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) / fan_in**0.5
+                tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.01
         out[f"a{i}"] = root / f"a{i}"
-        model.save_pretrained(out[f"a{i}"])
-        base = model.unload()
+        out[f"a{i}"].mkdir()
+        save_file(tensors, str(out[f"a{i}"] / "adapter_model.safetensors"))
+        (out[f"a{i}"] / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": list(shapes),
+        }))  # fmt: skip
     return out
 
 
@@ -61,11 +70,12 @@ def main() -> int:
     ap.add_argument("--adapters", type=int, nargs="+", default=None)
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    common.add_model_args(ap)
     args = ap.parse_args()
     counts = args.adapters or ([1, 8] if args.quick else [1, 8, 64])
     requests = args.requests or (8 if args.quick else 64)
     prompt_len, max_tokens = 32, 16 if args.quick else 32
-    loaded = common.setup(args.threads)
+    loaded = common.setup(args.threads, args)
     with tempfile.TemporaryDirectory() as tmp:
         adapters = save_adapters(Path(tmp), loaded.config, max(counts))
         engine = common.engine(
@@ -88,6 +98,7 @@ def main() -> int:
         "requests": requests, "prompt_tokens": prompt_len, "max_tokens": max_tokens, "threads": args.threads,
         "tok_per_s": figures, "ratio_to_base": {c: t / base for c, t in figures.items()},
         "target": "ratio >= 0.8 with 8 adapters on CPU, with 64 on GPU",
+        "lora_delta": "triton kernels" if common.on_gpu() else "per-group torch",
     })  # fmt: skip
     return 0
 
