@@ -15,6 +15,7 @@ e4m3fn: sign, 4-bit exponent (bias 7), 3-bit mantissa; exponent 0 is subnormal
 
 import triton
 import triton.language as tl
+from llmservice.kernels.triton_common import round_bf16
 
 E4M3_NAN = tl.constexpr(0x7F)
 E4M3_MAX_BYTE = tl.constexpr(0x7E)  # 448
@@ -63,3 +64,25 @@ def f32_to_e4m3(x):
     mag = tl.where(abits > F32_448_BITS, E4M3_MAX_BYTE, mag)
     mag = tl.where(abits > F32_INF_BITS, E4M3_NAN, mag)
     return (sign | mag).to(tl.uint8)
+
+
+@triton.jit
+def load_kv_tile(k_ptrs, v_ptrs, mask, k_scale, v_scale, q_ptr, KV_FP8: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """A K and a V tile as the attention dots read them. fp8 pools: e4m3 bytes times the
+    pool's scale, rounded to q's dtype (what the torch path reads); else the pool's values."""
+    if KV_FP8:
+        k = e4m3_to_f32(tl.load(k_ptrs, mask=mask, other=0)) * k_scale
+        v = e4m3_to_f32(tl.load(v_ptrs, mask=mask, other=0)) * v_scale
+        if EMULATE_BF16:
+            k = round_bf16(k)
+            v = round_bf16(v)
+        else:
+            k = k.to(q_ptr.dtype.element_ty)
+            v = v.to(q_ptr.dtype.element_ty)
+    else:
+        k = tl.load(k_ptrs, mask=mask, other=0.0)
+        v = tl.load(v_ptrs, mask=mask, other=0.0)
+        if EMULATE_BF16:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+    return k, v

@@ -29,7 +29,7 @@ import triton.language as tl
 from llmservice.kernels import kv_quant
 from llmservice.kernels.triton_common import dot_config, round_bf16
 from llmservice.kernels.triton_decode import LOG2E
-from llmservice.kernels.triton_fp8 import e4m3_to_f32
+from llmservice.kernels.triton_fp8 import load_kv_tile
 
 
 @triton.jit
@@ -108,21 +108,7 @@ def _prefill_kernel(
         page = tl.load(table + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         token = (page * stride_kv_blk + (offs_n % PAGE_SIZE) * stride_kv_tok)[:, None]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        if KV_FP8:  # e4m3 bytes times the pool's scale, in q's dtype (as torch_ops reads them)
-            k = e4m3_to_f32(tl.load(k_base + token, mask=kv_mask, other=0)) * k_scale
-            v = e4m3_to_f32(tl.load(v_base + token, mask=kv_mask, other=0)) * v_scale
-            if EMULATE_BF16:
-                k = round_bf16(k)
-                v = round_bf16(v)
-            else:
-                k = k.to(q_ptr.dtype.element_ty)
-                v = v.to(q_ptr.dtype.element_ty)
-        else:
-            k = tl.load(k_base + token, mask=kv_mask, other=0.0)
-            v = tl.load(v_base + token, mask=kv_mask, other=0.0)
-            if EMULATE_BF16:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
+        k, v = load_kv_tile(k_base + token, v_base + token, kv_mask, k_scale, v_scale, q_ptr, KV_FP8, EMULATE_BF16)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
         # one mask covers causality and the ragged end (offs_n >= kv_end > pos_q never both)
         s = tl.where(offs_n[None, :] <= pos_q, s, float("-inf"))
