@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
 import queue
 import threading
 import time
 from typing import Any
 
+from llmservice.server.api.engine_process import EngineProcess, run_engine_process  # noqa: F401  (re-exported)
 from llmservice.server.api.errors import APIError
 from llmservice.server.config import EngineConfig
 from llmservice.server.engine.messages import (
@@ -39,15 +39,6 @@ from llmservice.server.engine.sampling_params import SamplingParams
 from llmservice.server.metrics import ServerMetrics
 
 log = logging.getLogger("llmservice.api")
-
-
-def run_engine_process(*args: Any) -> None:
-    """The engine-core process's entry point (core.run_engine_core). Importing the engine
-    (torch, the model) here rather than at the top keeps the API process free of it, so
-    the two processes do not both spend start-up seconds importing torch."""
-    from llmservice.server.engine.core import run_engine_core
-
-    run_engine_core(*args)
 
 
 class EngineDeadError(RuntimeError):
@@ -82,15 +73,20 @@ class RequestStream:
 
 
 class EngineClient:
-    def __init__(self, config: EngineConfig, log_level: int = logging.INFO, show_progress: bool = True):
+    def __init__(
+        self,
+        config: EngineConfig,
+        log_level: int = logging.INFO,
+        show_progress: bool = True,
+        engine: EngineProcess | None = None,
+    ):
+        """`engine`: the engine-core process, possibly started already (serve starts it
+        before importing the API); by default one is made here and `spawn()` starts it."""
         self.config = config
-        self.log_level = log_level
-        self.show_progress = show_progress
-        ctx = mp.get_context("spawn")
-        self._ctx = ctx
-        self.inbox = ctx.Queue()
-        self.outbox = ctx.Queue()
-        self.process: Any = None
+        self._engine = engine or EngineProcess(config, log_level, show_progress)
+        self.inbox = self._engine.inbox
+        self.outbox = self._engine.outbox
+        self.process: Any = self._engine.process if self._engine.started else None
         self.info: EngineReady | None = None
         self.stats = EngineStats()
         self.streams: dict[str, RequestStream] = {}
@@ -110,13 +106,9 @@ class EngineClient:
     # ---- lifecycle ---------------------------------------------------------------------------
     def spawn(self) -> None:
         """Start the engine-core process (it loads the weights in the background)."""
-        self.process = self._ctx.Process(
-            target=run_engine_process,
-            args=(self.config, self.inbox, self.outbox, self.log_level, self.show_progress),
-            name="llmservice-engine-core",
-            daemon=True,
-        )
-        self.process.start()
+        if not self._engine.started:
+            self._engine.start()
+        self.process = self._engine.process
 
     def start(self, timeout_s: float = 3600.0) -> EngineReady:
         """Spawn the engine core if needed and wait (blocking) until it is ready."""

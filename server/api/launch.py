@@ -1,8 +1,8 @@
 """`llmservice serve`: engine start-up, then uvicorn (the flags: server/cli_args.py).
 
-Start-up order: spawn the engine core (it shows a progress bar while the weights load),
-read the tokenizer from the model metadata meanwhile, log the memory plan, then start
-listening; `/ready` is 200 from the first request on.
+Start-up order: spawn the engine core first (it shows a progress bar while the weights
+load), then import the API and read the tokenizer from the model metadata meanwhile, log
+the memory plan, then start listening; `/ready` is 200 from the first request on.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def serve(args: argparse.Namespace) -> int:
     except AdapterSourceError as exc:
         print(f"error: --lora-modules: {exc}", file=sys.stderr)
         return 1
+    from llmservice.server.api.engine_process import EngineProcess
+
+    engine = EngineProcess(config, level, show_progress=True)
+    engine.start()  # before the API's own imports: the engine's path to ready is the longer one
     from llmservice.server.api.app import create_app
     from llmservice.server.api.engine_client import EngineClient, EngineStartError
     from llmservice.server.api.server import run_server
@@ -61,8 +65,7 @@ def serve(args: argparse.Namespace) -> int:
     from llmservice.server.metrics import CacheInfo, ServerMetrics
     from llmservice.server.model.hf_info import sampling_defaults
 
-    client = EngineClient(config, log_level=level, show_progress=True)
-    client.spawn()
+    client = EngineClient(config, engine=engine)
     try:
         tokenizer = load_text_tokenizer(config.model)
         info = client.start()

@@ -2,8 +2,9 @@
 for Llama (2, 3.x with llama3 RoPE scaling), Mistral, Qwen2/2.5 and Qwen3.
 
 That is what users mount into pods (pvc://claim/path) or download (hf://org/name, see
-hub.py). Weights go shard by shard, tensor by tensor, to the device in the serving dtype,
-so the host holds at most one shard beyond what the device keeps.
+hub.py). The weights are read where the model keeps them (safetensors_weights.py): a
+single tensor is a view of its shard's mapping, a fused one (Q/K/V, gate/up) is read
+straight into its rows; on a GPU each tensor goes to the device in the serving dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from llmservice.server.model.hf_info import (  # noqa: F401  (re-exported: the m
 )
 from llmservice.server.model.loaded import LoadedModel, UnsupportedModelError
 from llmservice.server.model.parallel_weights import Shard, WeightSource
+from llmservice.server.model.safetensors_weights import (  # noqa: F401
+    CorruptShardError,
+    SafetensorsWeights,
+    corrupt,
+)
 from safetensors import SafetensorError, safe_open
 
 log = logging.getLogger(__name__)
@@ -46,19 +52,12 @@ def shard_files(path: Path) -> list[Path]:
     return files
 
 
-class CorruptShardError(UnsupportedModelError):
-    """A safetensors shard whose header or data does not match its size (a copy or
-    download cut short). safetensors' own message names no file."""
-
-
 def open_shard(file: Path):
     """`safe_open` of one shard, failing with the shard's path when it is truncated or corrupt."""
     try:
         return safe_open(str(file), framework="pt")
     except SafetensorError as exc:
-        detail = str(exc).removeprefix("Error while deserializing header: ")
-        raise CorruptShardError(f"{file}: truncated or corrupt safetensors file ({detail}); "
-                                "copy or download it again") from None
+        raise corrupt(file, str(exc).removeprefix("Error while deserializing header: ")) from None
 
 
 def load_hf_dir(
@@ -67,18 +66,13 @@ def load_hf_dir(
     progress: Callable[[int, int], None] | None = None,
     device: torch.device | str = "cpu",
 ) -> LoadedModel:
-    """Shard by shard: each tensor is read from the memory-mapped file and moved to
-    `device` in `dtype` at once, so host memory never holds more than one shard's pages
-    beyond the weights kept (on a GPU: nothing beyond one shard)."""
+    """The shards' headers now (a truncated shard fails here, with its path); the
+    tensors are read when the model takes them, each once, into the memory it keeps."""
     config, tokenizer = read_hf_info(path)
     files = shard_files(path)
-    weights: dict[str, torch.Tensor] = {}
-    for i, file in enumerate(files):
-        with open_shard(file) as f:
-            for key in f.keys():
-                weights[key] = f.get_tensor(key).to(device=device, dtype=dtype)
-        if progress:
-            progress(i + 1, len(files))
+    weights = SafetensorsWeights(files, device, dtype)
+    if progress:
+        progress(len(files), len(files))
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=path)
 
 

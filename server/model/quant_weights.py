@@ -27,6 +27,7 @@ from llmservice.server.model.parallel_weights import (
     Shard,
     TensorSource,
 )
+from llmservice.server.model.safetensors_weights import SafetensorsWeights, SafetensorsWeightsSource
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class PackedWeights(MutableMapping):
 
 def weights_nbytes(weights: MutableMapping) -> int:
     """Bytes of a loader's weights without dequantizing packed ones."""
-    if isinstance(weights, PackedWeights):
+    if isinstance(weights, (PackedWeights, SafetensorsWeights)):
         return weights.nbytes
     return sum(t.numel() * t.element_size() for t in weights.values())
 
@@ -199,9 +200,12 @@ class PackedTensorSource(TensorSource):
 def source_for(
     weights, device: torch.device | str, dtype: torch.dtype, consume: bool = False
 ) -> TensorSource:
-    """The WeightSource the model builds from a loader's weight dict."""
+    """The WeightSource the model builds from a loader's weights (a dict, GGUF's packed
+    weights, or an HF directory's shards read in place)."""
     if isinstance(weights, PackedWeights):
         return PackedTensorSource(weights, device, dtype, consume)
+    if isinstance(weights, SafetensorsWeights):
+        return SafetensorsWeightsSource(weights, device, dtype, consume)
     return TensorSource(weights, device, dtype, consume)
 
 
