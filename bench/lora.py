@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import common  # noqa: E402
-import torch  # noqa: E402
+import common  # the script's folder is on sys.path when it runs
+import torch
 
 
 def save_adapters(root: Path, config, n: int) -> dict[str, Path]:
