@@ -83,9 +83,9 @@ class Shard:
             if info["dtype"] not in DTYPES:
                 raise UnsupportedModelError(f"{self.file}: tensor {name} has dtype {info['dtype']}")
             start, end = info["data_offsets"]
-            if base + end > size:
-                raise corrupt(self.file, f"tensor {name} ends at byte {base + end} of {size}")
             entries[name] = Entry(self, DTYPES[info["dtype"]], tuple(info["shape"]), base + start, end - start)
+        if base + max((e.offset - base + e.nbytes for e in entries.values()), default=0) != size:
+            raise corrupt(self.file, "incomplete metadata, file not fully covered")  # safetensors' words
         return entries
 
     def view(self, entry: Entry) -> torch.Tensor:
