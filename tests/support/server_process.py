@@ -121,3 +121,13 @@ def running_server(
         yield wait_ready(server)
     finally:
         server.stop()
+
+
+def wait_for_metric(server: ServerProcess, name: str, timeout_s: float) -> dict[str, float]:
+    """Poll /metrics until `name` is exported (or the timeout); the last sample."""
+    deadline = time.monotonic() + timeout_s
+    sample = server.metrics()
+    while name not in sample and time.monotonic() < deadline:
+        time.sleep(0.2)
+        sample = server.metrics()
+    return sample

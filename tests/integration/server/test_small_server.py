@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from openai import AsyncOpenAI, OpenAI
 from schemathesis import GenerationMode
 
+from tests.support.server_process import wait_for_metric
+
 MODEL = "builtin:smollm2-135m"
 
 
@@ -28,16 +30,6 @@ def wait_until_engine_idle(server, timeout_s: float) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     sample = server.metrics()
     while sample["vllm:num_requests_running"] + sample["vllm:num_requests_waiting"] > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        sample = server.metrics()
-    return sample
-
-
-def wait_for_metric(server, name: str, timeout_s: float) -> dict[str, float]:
-    """Poll /metrics until `name` is exported (or the timeout); the last sample."""
-    deadline = time.monotonic() + timeout_s
-    sample = server.metrics()
-    while name not in sample and time.monotonic() < deadline:
         time.sleep(0.2)
         sample = server.metrics()
     return sample
