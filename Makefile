@@ -3,6 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | md5sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
+TEST_WORKERS ?= 2
 
 .PHONY: soak install test test-slow test-cluster control-plane etcd run lint bench bench-seeds bench-peers e2e e2e-kind clean
 
@@ -21,8 +22,11 @@ install: $(STAMP)
 # Every tier but the opt-in e2e scenario: fast, slow and the real control plane (built
 # first, cached outside the repo: a fresh machine compiles it once, ~10 min on 2 idle
 # cores; see docs/control-plane.md). CI runs this.
+# Two workers, a test file at a time each (--dist loadfile: a module's server or control
+# plane fixture is started once): most tests wait on processes they started, so two
+# workers keep both cores busy. TEST_WORKERS=1 runs it on one.
 test: install control-plane
-	LLMSERVICE_REQUIRE_CLUSTER=1 LLMSERVICE_REQUIRE_HELM=1 $(PYTEST) -m "not e2e" tests
+	LLMSERVICE_REQUIRE_CLUSTER=1 LLMSERVICE_REQUIRE_HELM=1 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not e2e" tests
 
 # The long scenarios alone (already part of `make test`)
 test-slow: install

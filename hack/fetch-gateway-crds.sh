@@ -44,9 +44,9 @@ module_dir() { # the module's extracted source in the Go module cache
 copy() { # copy <version> <path in the module> [<name in the cache>] into the cache
 	local out="$cache/${3:-$(basename "$2")}"
 	[[ -s "$out" ]] && return
-	cp "$(module_dir "$1")/$2" "$out.tmp"
-	chmod 0644 "$out.tmp"
-	mv "$out.tmp" "$out"
+	cp "$(module_dir "$1")/$2" "$out.$$.tmp"
+	chmod 0644 "$out.$$.tmp"
+	mv "$out.$$.tmp" "$out"
 }
 
 mkdir -p "$cache"

@@ -32,9 +32,9 @@ if [[ ! -s "$out" ]]; then
 	dir="$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/lws@$LWS_VERSION" |
 		python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
 	mkdir -p "$cache"
-	cp "$dir/$CRD_PATH" "$out.tmp"
-	chmod 0644 "$out.tmp"
-	mv "$out.tmp" "$out"
+	cp "$dir/$CRD_PATH" "$out.$$.tmp"
+	chmod 0644 "$out.$$.tmp"
+	mv "$out.$$.tmp" "$out"
 fi
 mkdir -p "$repo/.cache"
 ln -sfn "$cache" "$repo/.cache/lws"
