@@ -107,6 +107,32 @@ def test_cross_field_rules_see_defaulted_values(
     assert "engine.maxNumBatchedTokens must be >= engine.maxModelLen" in body
 
 
+def test_adapters_and_scale_to_zero_rules_on_the_real_api_server(
+    llmservice_crd: object, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """spec.adapters and autoscaling.scaleToZero as the apiextensions-apiserver sees them:
+    valid ones stored, each bad value refused with a message naming it."""
+    adapters = [{"name": "sql", "source": "hf://acme/sql-lora"}, {"name": "chat", "source": "pvc://loras/chat"}]
+    stored = create(kube_api, namespace, minimal("lora", adapters=adapters, engine={"maxLoras": 2}))
+    assert [a["name"] for a in stored["spec"]["adapters"]] == ["sql", "chat"]
+    assert stored["spec"]["autoscaling"]["scaleToZero"] == "delete"  # the default
+    twice = rejection(kube_api, namespace, minimal("twice", adapters=adapters + [adapters[0]]))
+    assert "Duplicate value" in twice and "sql" in twice  # the list map's own key check
+    bad_name = rejection(kube_api, namespace, minimal("bad-name", adapters=[{"name": "SQL", "source": "/x"}]))
+    assert "adapter name SQL must be a DNS-1123 label" in bad_name
+    bad_source = rejection(kube_api, namespace, minimal("bad-source", adapters=[{"name": "a", "source": "s3://x"}]))
+    assert "adapter source s3://x must be" in bad_source
+    slots = rejection(kube_api, namespace, minimal("slots", engine={"maxLoras": 4, "maxCpuLoras": 2}))
+    assert "engine.maxCpuLoras must be >= engine.maxLoras" in slots
+    sleepy = {"enabled": True, "minReplicas": 0, "scaleToZero": "sleep"}
+    assert create(kube_api, namespace, minimal("sleepy", autoscaling=sleepy))["spec"]["autoscaling"]["scaleToZero"] == "sleep"
+    vllm = minimal("sleepy-vllm", autoscaling=sleepy, engine={"kind": "vllm"})
+    vllm["spec"]["model"]["source"] = "hf://acme/model"
+    assert "scaleToZero sleep needs engine.kind llmservice" in rejection(kube_api, namespace, vllm)
+    unknown = rejection(kube_api, namespace, minimal("hibernate", autoscaling={"scaleToZero": "hibernate"}))
+    assert "hibernate" in unknown and "delete" in unknown
+
+
 def test_kubectl_shows_the_cel_message_to_the_user(
     llmservice_crd: object, kubectl: Kubectl, namespace: str
 ) -> None:
