@@ -4,7 +4,10 @@ The Python loop over layers costs ~10 calls per layer, each with its checks, vie
 allocations: at batch 1 on the embedded model that was a quarter of a token's time. The
 C loop calls the same kernels in the same order with the same thread count, so it gives
 the Python loop's bits exactly (tests/unit/kernels/test_cpu_decoder.py); the model takes
-it when every layer is packed (cpu_quant.Packed), fp32 and on one rank.
+it when every layer is packed (cpu_quant.Packed), fp32 and on one rank. A step with
+adapter rows passes the LoRA slot pool's stacks and rows (kernels/cpu_lora.py): the C loop
+adds each projection's delta with the function the Python loop calls, so it stays on the
+one call.
 
 `DecoderWeights` holds the per-layer pointers (built once per model); `decode_layers` runs
 one step over them.
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from llmservice.kernels import cpu_attention, cpu_native, cpu_quant
+from llmservice.kernels import cpu_attention, cpu_lora, cpu_native, cpu_quant
 from llmservice.kernels.metadata import AttentionMetadata
 
 _p, _f32, _i64, _i32 = ctypes.c_void_p, ctypes.c_float, ctypes.c_int64, ctypes.c_int32
@@ -105,6 +108,9 @@ class DecoderWeights:
         self._model = _Model(len(layers), h, heads, kv_heads, head_dim, self.intermediate, eps, scale,
                              cos_sin.data_ptr(), cos_sin.shape[0], _vector(final_norm, h, "final norm"))  # fmt: skip
         self._pools: tuple | None = None
+        # (in, widths) of each layer's qkv, o, gate_up, down: what a LoRA pool must match
+        self.lora_shapes = ((h, (nq, nkv, nkv)), (nq, (h,)), (h, (self.intermediate,) * 2),
+                            (self.intermediate, (h,))) * len(layers)  # fmt: skip
 
     def _pool_pointers(
         self, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -130,12 +136,16 @@ class DecoderWeights:
         return self._pools[1]
 
     def decode_layers(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                      kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:  # fmt: skip
+                      kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                      lora: cpu_lora.StepRows | None = None) -> torch.Tensor | None:  # fmt: skip
         """hidden [B, H] (the embeddings: becomes the residual stream) -> the final-normed
-        hidden states [B, H]; None (nothing done) for a step the kernel does not take: not
-        decode-only, or pools it cannot read."""
+        hidden states [B, H], with the LoRA delta of `lora`'s rows; None (nothing done) for
+        a step the kernel does not take: not decode-only, pools it cannot read, or a LoRA
+        pool of other shapes."""
         b, h = hidden.shape
         if meta.num_decodes != b or meta.num_seqs != b or b == 0:
+            return None
+        if lora is not None and (lora.stacks.shapes != self.lora_shapes or lora.num_rows != b):
             return None
         if not hidden.is_contiguous() or hidden.dtype != torch.float32 or h != self.hidden:
             raise ValueError(
@@ -156,7 +166,9 @@ class DecoderWeights:
         rc = lib.qd_decode(
             ctypes.byref(self._model), self._structs, ks, vs, num_slots, block_size, hidden.data_ptr(),
             out.data_ptr(), pos.data_ptr(), slots.data_ptr(), rows.tables.data_ptr(), rows.tables.stride(0),
-            rows.lens.data_ptr(), b, int(tiled), work.data_ptr(), threads,
+            rows.lens.data_ptr(), b, int(tiled), work.data_ptr(),
+            lora.stacks.group_pointer() if lora is not None else None,
+            ctypes.byref(lora.struct) if lora is not None else None, threads,
         )  # fmt: skip
         if rc == -1:
             raise IndexError(
@@ -166,6 +178,8 @@ class DecoderWeights:
             raise IndexError(
                 f"a slot of {slots.tolist()} is outside the KV pools ({num_slots} slots)"
             )
+        if rc == -4:
+            raise IndexError(f"an adapter slot of {lora.slots.tolist()} is outside the LoRA pool")
         if rc != 0:
             raise MemoryError("decode attention: no memory for the scores buffer")
         return out

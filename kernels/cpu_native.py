@@ -132,8 +132,10 @@ def _declare(lib: ctypes.CDLL, name: str) -> None:
         for f in (lib.qo_rms_norm, lib.qo_add_rms_norm, lib.qo_silu_mul):
             f.restype = None
     elif name == "cpu_decoder":
-        lib.qd_decode.argtypes = [p, p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32, p, i32]
+        lib.qd_decode.argtypes = [p, p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32, p, p, p, i32]
         lib.qd_decode.restype = i32
+        lib.ql_add.argtypes = [p, p, p, i64, i64, p, i64, i32]
+        lib.ql_add.restype = i32
         lib.qd_work_floats.argtypes = [p, i64]
         lib.qd_work_floats.restype = i64
     elif name == "cpu_attention":

@@ -8,17 +8,22 @@ outputs take one call), never merged into the base weights.
 Each fused group's stacks are stored side by side, `A [slots, n_modules * R, in]` and
 `B [slots, sum(out), R]`, with each module's stack a view into them: on CUDA the Triton
 kernels (kernels/triton_lora.py) take the whole group in one shrink and one expand
-launch per projection for all the step's rows; on CPU the per-group torch loop reads the
-module views (the same contiguous [R, in] / [out, R] matrices per slot as separate
-stacks would give, so the same bits).
+launch per projection for all the step's rows. On CPU, B's storage is transposed
+([slots, R, W]; `group_b` is its [slots, W, R] view) and, in fp32, the C kernels
+(kernels/cpu_lora.c, through server/lora/cpu.py) take the group in one call per projection,
+in the Python layer loop and inside the one-call C decoder alike, skipping each slot's
+rank padding and untargeted modules by `ranks`. Elsewhere the per-group torch loop reads
+the module views.
 """
 
 from __future__ import annotations
 
 import torch
 from llmservice.kernels import ops
+from llmservice.kernels.cpu_lora import StepRows
 from llmservice.kernels.lora_rows import LoRATiles, lora_tiles
 from llmservice.server.lora.adapter import LoRAAdapter
+from llmservice.server.lora.cpu import cpu_stacks
 from llmservice.server.lora.fit import projection_shapes
 from llmservice.server.model.config import ModelConfig
 
@@ -36,16 +41,22 @@ class LoRAWeights:
         self.group_b: list[dict[tuple[str, ...], torch.Tensor]] = []
         self.a: list[dict[str, torch.Tensor]] = []
         self.b: list[dict[str, torch.Tensor]] = []
+        # per layer and group: int32 [slots, modules], each slot's rank (0: not targeted)
+        self.ranks: list[dict[tuple[str, ...], torch.Tensor]] = []
         for _ in range(config.num_layers):
             self.group_a.append({})
             self.group_b.append({})
+            self.ranks.append({g: torch.zeros(num_slots, len(g), dtype=torch.int32) for g in GROUPS})
             self.a.append({})
             self.b.append({})
             for group in GROUPS:
                 fan_in = self.shapes[group[0]][0]
                 widths = [self.shapes[m][1] for m in group]
                 a = torch.zeros(num_slots, len(group) * max_rank, fan_in, device=device, dtype=dtype)
-                b = torch.zeros(num_slots, sum(widths), max_rank, device=device, dtype=dtype)
+                if device.type == "cpu":  # stored [slots, R, W]: the C expand reads B's rank rows
+                    b = torch.zeros(num_slots, max_rank, sum(widths), dtype=dtype).transpose(1, 2)
+                else:
+                    b = torch.zeros(num_slots, sum(widths), max_rank, device=device, dtype=dtype)
                 self.group_a[-1][group], self.group_b[-1][group] = a, b
                 col = 0
                 for i, (m, width) in enumerate(zip(group, widths, strict=True)):
@@ -60,6 +71,8 @@ class LoRAWeights:
         self.groups: list[tuple[int, torch.Tensor]] | None = None  # its (slot, rows), torch path
         self.tiles: LoRATiles | None = None  # the Triton kernels' row tiles, built at first use
         self.device = device
+        self.cpu = cpu_stacks(self)  # the C kernels' view (CPU, fp32), else None
+        self.cpu_rows: StepRows | None = None  # this step's rows for them, built at first use
 
     @property
     def nbytes(self) -> int:
@@ -72,10 +85,15 @@ class LoRAWeights:
             for m in MODULES:
                 mods[m][slot].zero_()
                 self.b[layer][m][slot].zero_()
+        for ranks in self.ranks:
+            for table in ranks.values():
+                table[slot] = 0
         for (layer, m), (a, b) in adapter.weights.items():
             r = a.shape[0]
             self.a[layer][m][slot, :r].copy_(a)
             self.b[layer][m][slot, :, :r].copy_(b)
+            group = next(g for g in GROUPS if m in g)
+            self.ranks[layer][group][slot, group.index(m)] = r
         self.scalings[slot] = adapter.scaling
         self.scaling_tensor[slot] = adapter.scaling
         self.targets[slot] = set(adapter.weights)
@@ -84,7 +102,7 @@ class LoRAWeights:
         """The step's slot per flat row (-1: the base model); None or all -1: no delta.
         The row groups (torch path) or tiles (Triton path) are built at the step's first
         `add`, for the path that runs."""
-        self.groups, self.tiles = None, None
+        self.groups, self.tiles, self.cpu_rows = None, None, None
         self.row_slots = list(row_slots) if row_slots and max(row_slots) >= 0 else []
 
     @property
@@ -100,11 +118,23 @@ class LoRAWeights:
             self.groups = [(s, torch.tensor(r, device=self.device)) for s, r in sorted(rows.items())]
         return self.groups
 
+    def step_rows(self) -> StepRows | None:
+        """This step's rows for the C kernels (the one-call decoder takes them too); None
+        where they do not run (not CPU fp32, or no adapter rows)."""
+        if self.cpu is None or not self.active:
+            return None
+        if self.cpu_rows is None:
+            self.cpu_rows = self.cpu.rows(self.row_slots)
+        return self.cpu_rows
+
     def add(self, layer: int, modules: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out[:, module's columns] += scaling * x @ A^T @ B^T for each row group."""
         assert self.active
         if ops.backend_for(x) == "triton":
             self._add_triton(layer, modules, x, out)
+            return out
+        rows = self.step_rows()
+        if rows is not None and self.cpu.add(layer, GROUPS.index(modules), rows, x, out):
             return out
         for slot, rows in self._row_groups():
             xs = None

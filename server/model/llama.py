@@ -223,8 +223,11 @@ class LlamaModel:
         d, nh, nkv = cfg.head_dim, self.num_heads, self.num_kv_heads
         hidden = self.embed(input_ids)
         lora = self.lora if self.lora is not None and self.lora.active else None
-        if self.fused_decoder is not None and lora is None and ops.backend_for(hidden) == "torch":
-            out = self.fused_decoder.decode_layers(hidden, positions, meta, kv_caches)
+        # adapter rows stay on the one-call decoder where the C LoRA kernels take them
+        lora_rows = lora.step_rows() if lora is not None else None
+        if self.fused_decoder is not None and (lora is None or lora_rows is not None) \
+                and ops.backend_for(hidden) == "torch":  # fmt: skip
+            out = self.fused_decoder.decode_layers(hidden, positions, meta, kv_caches, lora_rows)
             if out is not None:
                 return out
         residual = hidden
