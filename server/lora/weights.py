@@ -153,8 +153,9 @@ class LoRAWeights:
         if self.tiles is None:
             self.tiles = lora_tiles(self.row_slots, self.device)
         widths = tuple(self.shapes[m][1] for m in modules)
-        ops.lora_add(x, self.group_a[layer][modules], self.group_b[layer][modules], self.scaling_tensor,
-                     self.tiles, widths, out)  # fmt: skip
+        b = self.group_b[layer][modules]
+        b = b if b.stride(2) == 1 else b.contiguous()  # CPU (the interpreter): B is stored transposed
+        ops.lora_add(x, self.group_a[layer][modules], b, self.scaling_tensor, self.tiles, widths, out)
 
 
 def lora_weights_for(config, model) -> LoRAWeights:
