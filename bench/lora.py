@@ -5,7 +5,11 @@ tokens each), one run, one engine. Prints tok/s per case and the ratio to the ba
 bench/results/lora.json (gpu-lora.json on CUDA, where the delta runs in the Triton LoRA
 kernels). Target: >= 0.8x of the base with 8 adapters on CPU, with 64 on GPU.
 
-    .venv/bin/python bench/lora.py [--quick] [--adapters 1 8 64]
+    .venv/bin/python bench/lora.py [--quick] [--adapters 1 8 64] [--rounds 3]
+
+The cases run in turn within each round (base, then each adapter count), and a case's
+figure is the median over rounds of its tok/s and of its ratio to the same round's base:
+on a shared machine the load drifts between minutes, not within one round.
     # a GPU session (scripts/gpu_session.sh): random weights of the model's shape
     python bench/lora.py --model .gpu/models/smollm2-135m-shape --load-format dummy --device cuda
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -68,6 +73,7 @@ def main() -> int:
     ap.add_argument("--adapters", type=int, nargs="+", default=None)
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="each case this many times, interleaved")
     common.add_model_args(ap)
     args = ap.parse_args()
     counts = args.adapters or ([1, 8] if args.quick else [1, 8, 64])
@@ -88,15 +94,20 @@ def main() -> int:
         names = list(adapters)
         cases = {"base": [None] * requests}
         cases |= {f"{n}_adapters": [names[i % n] for i in range(requests)] for n in counts}
-        figures = {case: run(engine, prompts, who, max_tokens) for case, who in cases.items()}
-    base = figures["base"]
+        rounds = [{case: run(engine, prompts, who, max_tokens) for case, who in cases.items()}
+                  for _ in range(args.rounds)]  # fmt: skip
+        on_c = engine.model.lora is not None and engine.model.lora.cpu is not None
+    figures = {case: statistics.median(r[case] for r in rounds) for case in cases}
+    ratios = {case: statistics.median(r[case] / r["base"] for r in rounds) for case in cases}
     for case, tps in figures.items():
-        print(f"{case:>12}: {tps:8.1f} tok/s  {tps / base:5.2f}x of the base")
+        each = " ".join(f"{r[case] / r['base']:.2f}" for r in rounds)
+        print(f"{case:>12}: {tps:8.1f} tok/s  {ratios[case]:5.2f}x of the base (rounds: {each})")
+    delta = "triton kernels" if common.on_gpu() else "C kernels (cpu_lora.c)" if on_c else "per-group torch"
     common.write("lora", {
         "requests": requests, "prompt_tokens": prompt_len, "max_tokens": max_tokens, "threads": args.threads,
-        "tok_per_s": figures, "ratio_to_base": {c: t / base for c, t in figures.items()},
+        "rounds": args.rounds, "tok_per_s": figures, "ratio_to_base": ratios, "per_round_tok_per_s": rounds,
         "target": "ratio >= 0.8 with 8 adapters on CPU, with 64 on GPU",
-        "lora_delta": "triton kernels" if common.on_gpu() else "per-group torch",
+        "lora_delta": delta,
     })  # fmt: skip
     return 0
 
