@@ -1,11 +1,9 @@
 """Kernel tests run Triton on CPU through its interpreter.
 
-Triton picks interpreter or compiler when a kernel is decorated (when our triton_*
-modules are imported), reading TRITON_INTERPRET then, so it is set here at conftest
-import time, before any test module imports a kernel. setdefault leaves an explicit
-choice alone (TRITON_INTERPRET=0 on a GPU machine runs these tests on compiled
-kernels and CUDA tensors). torch does not import triton, so import order with torch
-does not matter; only an earlier import of our triton_* modules would.
+TRITON_INTERPRET is set by tests/conftest.py before any test module is collected (Triton
+reads it when a function is decorated, its own standard library's included); it is set
+here too so that this folder's tests keep it when run with another root. TRITON_INTERPRET=0
+on a GPU machine runs these tests on compiled kernels and CUDA tensors.
 """
 
 import os
