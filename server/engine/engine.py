@@ -479,9 +479,16 @@ class LLMEngine:
         if sched.is_empty:
             self.last_step = stats
             if not failed:
-                self.grammars.wait_for_compiles(GRAMMAR_WAIT_S)
+                self._wait_while_idle()
             return failed
         return failed + self._finish_step(sched, result, stats, t0, launched=False)
+
+    def _wait_while_idle(self) -> None:
+        """After an empty step: sleep a moment on what the waiting requests wait for (grammar
+        compiles, adapter reads) instead of spinning; nothing pending returns at once."""
+        self.grammars.wait_for_compiles(GRAMMAR_WAIT_S)
+        if self.lora is not None:
+            self.lora.wait_for_reads(GRAMMAR_WAIT_S)
 
     def _finish_step(
         self, sched: SchedulerOutput, result: StepResult, stats: StepStats, t0: float, launched: bool
@@ -531,7 +538,7 @@ class LLMEngine:
             pending.result()  # tells the runner which requests finished; nothing to read
             self.last_step = stats
             if prev is None and not deltas:
-                self.grammars.wait_for_compiles(GRAMMAR_WAIT_S)
+                self._wait_while_idle()
         else:
             self._in_flight = _InFlight(sched, pending, launched_at, stats)
         if prev is not None:

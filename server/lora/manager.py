@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from llmservice.server.lora.adapter import LoRAAdapter, LoRAAdapterError, load_peft_adapter
@@ -87,6 +87,7 @@ class LoRAManager:
             self.slots.forget(key)
             with self._lock:
                 self._host.pop(key, None)
+            self._reading.pop(key, None)
 
     def key_of(self, name: str) -> str | None:
         entry = self.entries.get(name)
@@ -112,17 +113,27 @@ class LoRAManager:
         if self.in_host(key):
             return True
         entry = self.by_key.get(key)
-        if entry is not None and key not in self._reading:
+        reading = self._reading.get(key)
+        # a finished read whose adapter the LRU has dropped since is read again; the future
+        # stays in the map until then (a read that finished before submit() returned must
+        # not leave a stale entry that blocks every later read of the key)
+        if entry is not None and (reading is None or reading.done()):
             self._reading[key] = self._pool.submit(self._read_back, entry)
         return False
+
+    def wait_for_reads(self, timeout_s: float) -> None:
+        """Block up to timeout_s for an adapter read on the loader thread (none pending:
+        return). The engine calls it after an empty step, so a loop whose requests wait for
+        their adapters sleeps instead of spinning on the GIL the loader thread needs."""
+        pending = [f for f in list(self._reading.values()) if not f.done()]
+        if pending:
+            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def _read_back(self, entry: AdapterEntry) -> None:
         try:
             self._keep(entry.key, self.read(entry.name, entry.path))
         except LoRAAdapterError as err:  # the files changed under a loaded adapter
             log.error("re-reading LoRA adapter %r failed: %s", entry.name, err)
-        finally:
-            self._reading.pop(entry.key, None)
 
     def host_copy(self, key: str) -> LoRAAdapter:
         """The parsed adapter (read now if the LRU dropped it since admission)."""

@@ -123,3 +123,26 @@ def test_one_slot_and_preemption_keep_every_answer(files, reference):
     outs = run(engine, jobs)
     assert outs == [reference(name, i) for name, i in jobs]
     assert engine.scheduler.stats.num_preemptions > 0
+
+
+def test_an_adapter_dropped_from_the_host_lru_is_read_again_after_a_read_that_finished_early(files):
+    """A read on the loader thread can finish before `submit` returns (a busy machine
+    deschedules the engine's thread): the adapter must still be read again once the host
+    LRU drops it, or its requests wait forever. Here every read finishes inside submit."""
+    from concurrent.futures import Future
+
+    engine = make_engine(files, max_loras=1)
+    lora = engine.lora
+
+    def run_now(fn, *args):
+        done: Future = Future()
+        fn(*args)
+        done.set_result(None)
+        return done
+
+    lora._pool.submit = run_now
+    a8, b16 = lora.key_of("a8"), lora.key_of("b16")
+    for key in (a8, b16, a8, b16):  # each read drops the other from the one-adapter LRU
+        assert not lora.in_host(key)
+        assert lora.ensure_in_host(key) is False  # a read started (and here, done)
+        assert lora.in_host(key) and lora.ensure_in_host(key) is True
