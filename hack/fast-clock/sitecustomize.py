@@ -7,8 +7,9 @@ real second measures as half a second, as on a machine twice as fast; a test tha
 passes because this machine is slow fails here.
 
 What is scaled: time.monotonic, time.perf_counter (and their _ns forms), which measure
-durations, and time.sleep, which waits for them (a 1 s sleep waits 2 real seconds, so it
-still measures 1 s). asyncio reads time.monotonic, so its timers follow. What is not:
+durations, time.process_time and time.thread_time (CPU seconds: a fixed piece of work
+costs half as many), and time.sleep, which waits for them (a 1 s sleep waits 2 real
+seconds, so it still measures 1 s). asyncio reads time.monotonic, so its timers follow. What is not:
 time.time and datetime (timestamps shared with the Go control plane must stay true), and
 timeouts handed to C (socket timeouts, Event.wait, Queue.get): they wait in real seconds,
 as they do in a normal run. All processes share one epoch (LLMSERVICE_CLOCK_EPOCH, set by
@@ -44,3 +45,7 @@ if _RATE != 1.0:
     time.monotonic_ns = _fake_ns
     time.perf_counter_ns = _fake_ns
     time.sleep = _sleep
+    for _name in ("process_time", "thread_time"):
+        _real_cpu_ns = getattr(time, f"{_name}_ns")
+        setattr(time, f"{_name}_ns", lambda real=_real_cpu_ns: int(real() * _RATE))
+        setattr(time, _name, lambda real=_real_cpu_ns: real() * _RATE / 1e9)

@@ -55,7 +55,7 @@ def small_server_spawned(_spawned) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def small_server(small_server_spawned) -> ServerProcess:
-    """Only test_small_server.py uses it; its last test stops it with SIGTERM."""
+    """Only test_small_server.py uses it."""
     return wait_ready(small_server_spawned)
 
 

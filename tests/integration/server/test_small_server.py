@@ -1,6 +1,8 @@
 """A server with a tiny KV pool (8 blocks of 16 tokens), a 64-token context and a queue
 bound of 8: preemption under load, 503 + Retry-After past the bound with bounded
-memory, fuzzing from /openapi.json, and (last: it stops the server) SIGTERM draining."""
+memory, and fuzzing from /openapi.json; and SIGTERM draining, on a server of its own whose
+engine steps take at least STEP_FLOOR_MS (a test-only knob), so the drain outlasts the
+test's checks on a machine of any speed."""
 
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from llmservice.server.engine.core import TEST_ONLY_MIN_STEP_ENV
 from openai import AsyncOpenAI, OpenAI
 from schemathesis import GenerationMode
 
+from tests.integration.server.conftest import SMALL_ARGS
 from tests.support.server_process import wait_for_metric
 
 MODEL = "builtin:smollm2-135m"
+STEP_FLOOR_MS = 100
 
 
 def _api(server) -> AsyncOpenAI:
@@ -152,11 +157,26 @@ def test_fuzz_generation_endpoints_never_5xx(generation_schema, small_server, mo
     assert 503 not in seen
 
 
-def test_sigterm_drains_in_flight_streams_then_exits_0(small_server):
-    """Must stay the last test of this module: it stops the server."""
+@pytest.fixture(scope="module")
+def draining_server(launch_server):
+    """Stopped by its test. Ten tokens take at least 1 s of this server's steps."""
+    return launch_server(*SMALL_ARGS, env={TEST_ONLY_MIN_STEP_ENV: str(STEP_FLOOR_MS)})
+
+
+async def _until_draining(url: str, timeout_s: float) -> httpx.Response:
+    """/ready from the moment the signal lands: 503 once the server drains."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=10) as http:
+        while True:
+            ready = await http.get(url + "/ready")
+            if ready.status_code == 503 or time.monotonic() > deadline:
+                return ready
+            await asyncio.sleep(0.01)
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_0(draining_server):
     num = 8
-    # Start from an idle engine: fuzzed requests whose clients timed out may still be finishing.
-    wait_until_engine_idle(small_server, 180)
+    server = draining_server
 
     async def stream(api, i, first: asyncio.Event) -> tuple[int, str | None]:
         s = await api.completions.create(
@@ -172,16 +192,15 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(small_server):
         return n, reason
 
     async def run():
-        api = _api(small_server)
+        api = _api(server)
         firsts = [asyncio.Event() for _ in range(num)]
         tasks = [asyncio.create_task(stream(api, i, firsts[i])) for i in range(num)]
-        # max_num_seqs is small here: the 8 streams start in waves, slowly on a busy machine
         await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 420)
-        small_server.proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.3)
+        # each stream has 9 tokens to go, 0.9 s or more of steps: the checks fall inside the drain
+        server.proc.send_signal(signal.SIGTERM)
+        ready = await _until_draining(server.url, 60)
         async with httpx.AsyncClient(timeout=10) as http:
-            ready = await http.get(small_server.url + "/ready")
-            refused = await http.post(small_server.base_url + "/completions", json={"model": MODEL, "prompt": "x"})
+            refused = await http.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "x"})
         results = await asyncio.gather(*tasks)
         await api.close()
         return results, ready, refused
@@ -191,6 +210,6 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(small_server):
     assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
     assert results == [(10, "length")] * num
     deadline = time.monotonic() + 60
-    while small_server.proc.poll() is None and time.monotonic() < deadline:
+    while server.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert small_server.proc.returncode == 0, small_server.log()[-3000:]
+    assert server.proc.returncode == 0, server.log()[-3000:]

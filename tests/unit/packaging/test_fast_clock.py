@@ -42,3 +42,13 @@ def test_a_rate_outside_zero_to_one_is_refused_with_the_value() -> None:
     out = run_child("pass", LLMSERVICE_CLOCK_RATE="2")
     assert out.returncode != 0
     assert "LLMSERVICE_CLOCK_RATE=2.0" in out.stderr
+
+
+def test_every_duration_clock_and_sleep_are_scaled_and_timestamps_are_not() -> None:
+    names = ["monotonic", "perf_counter", "process_time", "thread_time", "sleep", "time"]
+    out = run_child(f"import time; print(*(getattr(time, n).__module__ for n in {names!r}))", LLMSERVICE_CLOCK_RATE="0.5")
+    assert out.returncode == 0, out.stderr
+    assert dict(zip(names, out.stdout.split(), strict=True)) == {
+        "monotonic": "sitecustomize", "perf_counter": "sitecustomize", "process_time": "sitecustomize",
+        "thread_time": "sitecustomize", "sleep": "sitecustomize", "time": "time",
+    }
