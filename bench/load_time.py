@@ -16,8 +16,10 @@ is recorded too.
 Then the real thing, `llmservice serve` (API process + engine-core process, both on the
 same cores): seconds from exec to `/ready` answering 200, and to the first completion.
 
-The page cache: when /proc/sys/vm/drop_caches is writable, every run (and every `cat`)
-starts cold; otherwise both are warm (one unrecorded run first) and the JSON says which.
+The page cache: every run (and every `cat`) starts cold. Where /proc/sys/vm/drop_caches
+is writable it is used; otherwise the model's own files are evicted with
+POSIX_FADV_DONTNEED (no privilege needed), and the JSON says which. `--warm` keeps the
+files cached instead (one unrecorded run first) for both.
 
     .venv/bin/python bench/load_time.py [--repeats 3] [--cache-dir /tmp/llmservice-load-bench]
 """
@@ -63,6 +65,12 @@ def measure(model: str, spawned_at: float) -> dict:
         marks[name] = now - t
         t = now
 
+    try:  # as `serve` does before it spawns the engine core (a checkout without it: no prefetch)
+        from llmservice.server.model.prefetch import prefetch_weights
+    except ImportError:
+        prefetch_weights = None
+    if prefetch_weights is not None:
+        prefetch_weights(model)
     import torch
     from llmservice.server.config import EngineConfig
     from llmservice.server.engine import startup
@@ -105,10 +113,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_seconds(model: str, cold: bool) -> dict:
+def serve_seconds(model: str, files: list[Path], cold: bool) -> dict:
     """`llmservice serve MODEL` from exec to /ready == 200 and to a first completion."""
     if cold:
-        drop_caches()
+        make_cold(files)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cli = Path(sys.executable).with_name("llmservice")
@@ -184,17 +192,37 @@ def drop_caches() -> bool:
         return False
 
 
+def evict(files: list[Path]) -> None:
+    """The files' pages out of the page cache (clean pages: the files were synced)."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def make_cold(files: list[Path]) -> str:
+    """Start cold: the whole page cache dropped where this process may, else the model's
+    files evicted. Which of the two, for the JSON."""
+    if drop_caches():
+        return "cold (drop_caches)"
+    evict(files)
+    return "cold (the model's files evicted with POSIX_FADV_DONTNEED)"
+
+
 def cat_seconds(files: list[Path], cold: bool) -> float:
     if cold:
-        drop_caches()
+        make_cold(files)
     t0 = time.perf_counter()
     subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
 
 
-def run_child(model: str, cold: bool) -> dict:
+def run_child(model: str, files: list[Path], cold: bool) -> dict:
     if cold:
-        drop_caches()
+        make_cold(files)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count())))
     done = subprocess.run([sys.executable, __file__, "--child", model, "--spawned-at", repr(time.time())],
                           capture_output=True, text=True, env=env, timeout=900)
@@ -203,7 +231,7 @@ def run_child(model: str, cold: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def summarize(name: str, model: str, files: list[Path], runs: list[dict], cat_s: float, cold: bool,
+def summarize(name: str, model: str, files: list[Path], runs: list[dict], cat_s: float, page_cache: str,
               serves: list[dict]) -> dict:
     phases = {p: round(statistics.median(r["phases"][p] for r in runs), 3) for p in PHASES + AFTER_READY}
     ready = sum(phases[p] for p in PHASES if p != "first_token")
@@ -211,7 +239,7 @@ def summarize(name: str, model: str, files: list[Path], runs: list[dict], cat_s:
     peak_added = max(r["peak_rss"] - r["rss_before_weights"] for r in runs)
     out = {
         "model": model, "file_bytes": sum(f.stat().st_size for f in files), "weight_bytes": w,
-        "page_cache": "cold" if cold else "warm", "phases_seconds_median": phases,
+        "page_cache": page_cache, "phases_seconds_median": phases,
         "ready_seconds": round(ready, 3), "first_token_seconds": round(ready + phases["first_token"], 3),
         "cat_seconds": round(cat_s, 3), "ready_over_cat": round(ready / cat_s, 2),
         "peak_rss_bytes": max(r["peak_rss"] for r in runs),
@@ -238,6 +266,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache-dir", default="/tmp/llmservice-load-bench")
     ap.add_argument("--output", default=str(RESULTS / "load_time.json"))
+    ap.add_argument("--warm", action="store_true", help="keep the files in the page cache instead")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spawned-at", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -248,16 +277,17 @@ def main() -> None:
     from llmservice.server.model.registry import resolve_model_path
 
     gguf = resolve_model_path("builtin:smollm2-135m")
-    cold = drop_caches()
+    cold = not args.warm
     results: dict = {}
     for name, model, files in (("embedded_gguf", "builtin:smollm2-135m", [gguf]),
                                ("transformers_llama_1gb", str(llama), sorted(llama.glob("*.safetensors")))):
+        page_cache = make_cold(files) if cold else "warm"
         if not cold:
-            run_child(model, cold)  # the files into the page cache, for the runs and the cat alike
-        runs = [run_child(model, cold) for _ in range(args.repeats)]
-        serves = [serve_seconds(model, cold) for _ in range(args.repeats)]
+            run_child(model, files, cold)  # the files into the page cache, for the runs and the cat alike
+        runs = [run_child(model, files, cold) for _ in range(args.repeats)]
+        serves = [serve_seconds(model, files, cold) for _ in range(args.repeats)]
         cat_s = statistics.median(cat_seconds(files, cold) for _ in range(3))
-        results[name] = summarize(name, model, files, runs, cat_s, cold, serves)
+        results[name] = summarize(name, model, files, runs, cat_s, page_cache, serves)
     results["machine"] = {"cpu_count": os.cpu_count(), "device": "cpu",
                           "note": "ready = every phase before first_token (the deferred warm-up runs after "
                                   "ready); serve = the real two-process server; GGUF: Q4_1 matrices kept packed"}

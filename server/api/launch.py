@@ -54,7 +54,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: --lora-modules: {exc}", file=sys.stderr)
         return 1
     from llmservice.server.api.engine_process import EngineProcess
+    from llmservice.server.model.prefetch import prefetch_weights
 
+    prefetch_weights(config.model, config.load_format)  # the disk reads overlap the engine's imports
     engine = EngineProcess(config, level, show_progress=True)
     engine.start()  # before the API's own imports: the engine's path to ready is the longer one
     from llmservice.server.api.app import create_app
