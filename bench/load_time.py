@@ -15,6 +15,8 @@ is recorded too.
 
 Then the real thing, `llmservice serve` (API process + engine-core process, both on the
 same cores): seconds from exec to `/ready` answering 200, and to the first completion.
+Last, sleep mode on one `serve --enable-sleep-mode`: from `POST /wake_up` after a level-1
+sleep to the first completion, against the cold `serve`'s exec to first completion.
 
 The page cache: every run (and every `cat`) starts cold. Where /proc/sys/vm/drop_caches
 is writable it is used; otherwise the model's own files are evicted with
@@ -113,43 +115,81 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_seconds(model: str, files: list[Path], cold: bool) -> dict:
-    """`llmservice serve MODEL` from exec to /ready == 200 and to a first completion."""
-    if cold:
-        make_cold(files)
+def start_serve(model: str, *extra: str) -> tuple[subprocess.Popen, str, float]:
+    """`llmservice serve MODEL` started and polled until /ready == 200: the process, its URL
+    and the seconds from exec to ready."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cli = Path(sys.executable).with_name("llmservice")
     t0 = time.perf_counter()
     proc = subprocess.Popen([str(cli), "serve", model, "--port", str(port), "--host", "127.0.0.1", "--device", "cpu",
-                             "--max-model-len", "2048", "--log-level", "warning"],
+                             "--max-model-len", "2048", "--log-level", "warning", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve {model} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=5) as answer:
+                if answer.status == 200:
+                    return proc, url, time.perf_counter() - t0
+        except OSError:
+            time.sleep(0.02)
+        if time.perf_counter() - t0 > 900:
+            stop(proc)
+            raise RuntimeError(f"serve {model} not ready in 900 s")
+
+
+def post(url: str, payload: dict | None = None) -> dict:
+    body = json.dumps(payload or {}).encode()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        return json.load(answer)
+
+
+def first_completion(url: str, model: str) -> None:
+    post(url + "/v1/completions", {"model": model, "prompt": "The capital of France is", "max_tokens": 1,
+                                   "temperature": 0})
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
     try:
-        ready = None
-        while ready is None:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve {model} exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(url + "/ready", timeout=5) as answer:
-                    if answer.status == 200:
-                        ready = time.perf_counter() - t0
-            except OSError:
-                time.sleep(0.02)
-            if time.perf_counter() - t0 > 900:
-                raise RuntimeError(f"serve {model} not ready in 900 s")
-        body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 1,
-                           "temperature": 0}).encode()
-        request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=300) as answer:
-            json.load(answer)
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def serve_seconds(model: str, files: list[Path], cold: bool) -> dict:
+    """`llmservice serve MODEL` from exec to /ready == 200 and to a first completion."""
+    if cold:
+        make_cold(files)
+    t0 = time.perf_counter()
+    proc, url, ready = start_serve(model)
+    try:
+        first_completion(url, model)
         return {"ready": ready, "first_token": time.perf_counter() - t0}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def wake_seconds(model: str, repeats: int) -> list[float]:
+    """Sleep mode on one `serve --enable-sleep-mode`: seconds from a level-1 sleep's end to
+    the first completion after `POST /wake_up` (the wake-up call, then the request), each
+    repeat on the same server."""
+    proc, url, _ = start_serve(model, "--enable-sleep-mode")
+    try:
+        first_completion(url, model)
+        seconds = []
+        for _ in range(repeats):
+            post(url + "/sleep?level=1")
+            t0 = time.perf_counter()
+            post(url + "/wake_up")
+            first_completion(url, model)
+            seconds.append(time.perf_counter() - t0)
+        return seconds
+    finally:
+        stop(proc)
 
 
 def save_tokenizer(folder: Path) -> None:
@@ -288,6 +328,11 @@ def main() -> None:
         serves = [serve_seconds(model, files, cold) for _ in range(args.repeats)]
         cat_s = statistics.median(cat_seconds(files, cold) for _ in range(3))
         results[name] = summarize(name, model, files, runs, cat_s, page_cache, serves)
+        wakes = wake_seconds(model, args.repeats)
+        wake = statistics.median(wakes)
+        results[name].update(wake_to_first_token_seconds=round(wake, 3), wake_runs=[round(w, 3) for w in wakes],
+                             cold_over_wake=round(results[name]["serve_first_token_seconds"] / wake, 1))
+        print(f"  wake-up to first token: {wake:.2f} s ({results[name]['cold_over_wake']}x faster than a cold serve)")
     results["machine"] = {"cpu_count": os.cpu_count(), "device": "cpu",
                           "note": "ready = every phase before first_token (the deferred warm-up runs after "
                                   "ready); serve = the real two-process server; GGUF: Q4_1 matrices kept packed"}
