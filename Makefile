@@ -24,9 +24,9 @@ install: $(STAMP)
 # cores; see docs/control-plane.md). CI runs this.
 # Two workers, a test file at a time each (--dist loadfile: a module's server or control
 # plane fixture is started once): most tests wait on processes they started, so two
-# workers keep both cores busy. TEST_WORKERS=1 runs it on one.
+# workers keep both cores busy. TEST_WORKERS=1 runs it on one. It ends with the 20 slowest tests.
 test: install control-plane
-	LLMSERVICE_REQUIRE_CLUSTER=1 LLMSERVICE_REQUIRE_HELM=1 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not e2e" tests
+	LLMSERVICE_REQUIRE_CLUSTER=1 LLMSERVICE_REQUIRE_HELM=1 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --durations=20 -m "not e2e" tests
 
 # `make test` as on a machine twice as fast: every Python process of the run reads a clock
 # that runs at half speed (hack/fast-clock/sitecustomize.py), so a test that passes only
