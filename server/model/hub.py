@@ -84,7 +84,8 @@ def gb(n: float) -> str:
 
 class LogProgress:
     """A tqdm stand-in for huggingface_hub that writes one log line per file every ~10%
-    (at most every 2 s) instead of drawing a bar: pod logs are not terminals."""
+    (at most every 2 s) instead of drawing a bar: pod logs are not terminals. Each line
+    gives the bytes, the mean rate so far and the time left at that rate."""
 
     def __init__(self, *args, total: int | None = None, initial: int = 0, desc: str = "",
                  label: str | None = None, **kwargs):
@@ -105,9 +106,14 @@ class LogProgress:
         now = time.monotonic()
         pct = 100.0 * self.n / self.total if self.total else 0.0
         if pct - self.last_pct >= 10.0 and now - self.last_t >= 2.0 or self.total and self.n >= self.total:
-            rate = self.n / max(now - self.t0, 1e-9)
-            log.info("downloading %s: %s of %s (%.0f%%), %.1f MB/s", self.desc, gb(self.n),
-                     gb(self.total or 0), pct, rate / 1e6)
+            elapsed = max(now - self.t0, 1e-9)
+            rate = self.n / elapsed
+            if self.total and self.n < self.total:
+                left = f"ETA {(self.total - self.n) / rate:.0f} s" if rate > 0 else "ETA unknown"
+            else:
+                left = f"done in {elapsed:.1f} s"
+            log.info("downloading %s: %s of %s (%.0f%%), %.1f MB/s, %s", self.desc, gb(self.n),
+                     gb(self.total or 0), pct, rate / 1e6, left)
             self.last_t, self.last_pct = now, pct
 
     def close(self) -> None:
