@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 from llmservice.server.api.errors import APIError
+from llmservice.server.api.logprob_values import json_logprob
 from llmservice.server.api.params import (
     chat_params,
     check_structured,
@@ -48,7 +49,7 @@ async def chat_logprobs(tok: TokenizerService, delta: Delta) -> list[dict]:
 
     def entry(token_id: int, logprob: float) -> dict:
         s = text_of[token_id]
-        return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8", "replace"))}
+        return {"token": s, "logprob": json_logprob(logprob), "bytes": list(s.encode("utf-8", "replace"))}
 
     return [
         {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from llmservice.server.api.errors import APIError
+from llmservice.server.api.logprob_values import json_logprob
 from llmservice.server.api.params import (
     check_structured,
     completion_params,
@@ -60,9 +61,9 @@ class LogprobsBuilder:
         for lp in lps:
             token = text_of[lp.token_id]
             out["tokens"].append(token)
-            out["token_logprobs"].append(lp.logprob)
-            top = {text_of[t]: v for t, v in lp.top}
-            top.setdefault(token, lp.logprob)
+            out["token_logprobs"].append(json_logprob(lp.logprob))
+            top = {text_of[t]: json_logprob(v) for t, v in lp.top}
+            top.setdefault(token, json_logprob(lp.logprob))
             out["top_logprobs"].append(top)
             out["text_offset"].append(offset)
             offset += len(token)

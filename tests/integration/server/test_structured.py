@@ -424,3 +424,25 @@ def test_bad_constraints_are_400s_naming_the_part_and_the_server_carries_on(
         and needle in error.body["message"]
     )
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_of_tokens_the_grammar_masks_are_floored_not_a_500(make_client):
+    """Masked tokens have a logprob of -inf, which JSON cannot carry: vLLM's -9999.0 floor."""
+
+    async def both(client):
+        completion = await client.completions.create(
+            model=MODEL, prompt="Is Paris in France? Answer:", max_tokens=1, temperature=0, logprobs=5,
+            extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+        )
+        chat = await client.chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=1, temperature=0, logprobs=True, top_logprobs=5,
+            response_format={"type": "json_schema", "json_schema": {"name": "e", "schema": SCHEMAS["enum"]}},
+        )
+        return completion, chat
+
+    completion, chat = run(make_client, both)
+    (top,) = completion.choices[0].logprobs.top_logprobs
+    assert len(top) >= 5 and -9999.0 in top.values()  # the masked alternatives
+    assert completion.choices[0].logprobs.token_logprobs[0] > -9999.0  # the chosen token is allowed
+    (entry,) = chat.choices[0].logprobs.content
+    assert entry.logprob > -9999.0 and -9999.0 in [t.logprob for t in entry.top_logprobs]
