@@ -35,3 +35,19 @@ class AttentionMetadata:
     @property
     def max_seq_len(self) -> int:
         return max(self.seq_lens_host, default=0)
+
+    @classmethod
+    def one_sequence(cls, n: int, block_size: int, device: torch.device | str) -> "AttentionMetadata":
+        """One sequence of `n` tokens written whole into blocks 0, 1, ...: the layout of a
+        scoring pass or a calibration prefill outside the engine's scheduler."""
+        nblocks = -(-n // block_size)
+        return cls(
+            slot_mapping=torch.arange(n, device=device),
+            block_tables=torch.arange(nblocks, dtype=torch.int32, device=device)[None],
+            seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
+            query_lens=[n],
+            seq_lens_host=[n],
+            num_decodes=1 if n == 1 else 0,
+            block_size=block_size,
+        )

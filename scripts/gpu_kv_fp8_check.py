@@ -154,13 +154,7 @@ def fp8_prefill_logits(model: LlamaModel, ids: list[int], block_size: int = 16) 
     caches = allocate_kv_caches(model, nblocks, block_size, "fp8")
     assert kv_quant.is_quantized(caches[0][0])
     dev = model.device
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n, device=dev),
-        block_tables=torch.arange(nblocks, dtype=torch.int32, device=dev)[None],
-        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
-        query_lens=[n], seq_lens_host=[n], num_decodes=0, block_size=block_size,
-    )  # fmt: skip
+    meta = AttentionMetadata.one_sequence(n, block_size, dev)
     positions = torch.arange(n, device=dev)
     ids_t = torch.tensor(ids, device=dev)
     return model.forward(ids_t, positions, meta, caches, positions).float().cpu()

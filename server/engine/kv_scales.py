@@ -40,13 +40,7 @@ def kv_amax(model: LlamaModel, block_size: int) -> list[tuple[float, float]]:
         (torch.zeros(shape, dtype=model.dtype, device=dev), torch.zeros(shape, dtype=model.dtype, device=dev))
         for _ in range(model.config.num_layers)
     ]
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n, device=dev),
-        block_tables=torch.arange(nblocks, dtype=torch.int32, device=dev)[None],
-        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
-        query_lens=[n], seq_lens_host=[n], num_decodes=0, block_size=block_size,
-    )  # fmt: skip
+    meta = AttentionMetadata.one_sequence(n, block_size, dev)
     positions = torch.arange(n, device=dev)
     model.forward_hidden(torch.tensor(ids, device=dev), positions, meta, caches)
     return [(float(k.abs().max()), float(v.abs().max())) for k, v in caches]

@@ -280,16 +280,7 @@ def score_tokens(model: LlamaModel, token_ids: list[int], block_size: int = 16) 
         for _ in range(cfg.num_layers)
     ]
     dev = model.device
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n, device=dev),
-        block_tables=torch.arange(nblocks, dtype=torch.int32, device=dev)[None],
-        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
-        query_lens=[n],
-        seq_lens_host=[n],
-        num_decodes=1 if n == 1 else 0,
-        block_size=block_size,
-    )
+    meta = AttentionMetadata.one_sequence(n, block_size, dev)
     positions = torch.arange(n, device=dev)
     return model.forward(torch.tensor(token_ids, device=dev), positions, meta, caches, positions)
 
