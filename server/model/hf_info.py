@@ -130,3 +130,18 @@ def read_hf_info(path: Path) -> tuple[ModelConfig, TokenizerSource]:
     tokenizer.bos_token_id = config.bos_token_id
     tokenizer.eos_token_id = config.eos_token_ids[0] if config.eos_token_ids else None
     return config, tokenizer
+
+
+def shard_files(path: Path) -> list[Path]:
+    """The safetensors files, in model.safetensors.index.json's order when there is one."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = dict.fromkeys(json.loads(index.read_text())["weight_map"].values())
+        missing = [n for n in names if not (path / n).exists()]
+        if missing:
+            raise UnsupportedModelError(f"{path}: shards named in {index.name} are missing: {missing[:3]}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModelError(f"{path}: no *.safetensors files")
+    return files

@@ -9,7 +9,6 @@ straight into its rows; on a GPU each tensor goes to the device in the serving d
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -24,8 +23,9 @@ from llmservice.server.model.hf_info import (  # noqa: F401  (re-exported: the m
     read_hf_info,
     read_hf_tokenizer,
     sampling_defaults,
+    shard_files,
 )
-from llmservice.server.model.loaded import LoadedModel, UnsupportedModelError
+from llmservice.server.model.loaded import LoadedModel
 from llmservice.server.model.parallel_weights import Shard, WeightSource
 from llmservice.server.model.safetensors_weights import (  # noqa: F401
     CorruptShardError,
@@ -35,21 +35,6 @@ from llmservice.server.model.safetensors_weights import (  # noqa: F401
 from safetensors import SafetensorError, safe_open
 
 log = logging.getLogger(__name__)
-
-
-def shard_files(path: Path) -> list[Path]:
-    """The safetensors files, in model.safetensors.index.json's order when there is one."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        names = dict.fromkeys(json.loads(index.read_text())["weight_map"].values())
-        missing = [n for n in names if not (path / n).exists()]
-        if missing:
-            raise UnsupportedModelError(f"{path}: shards named in {index.name} are missing: {missing[:3]}")
-        return [path / n for n in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise UnsupportedModelError(f"{path}: no *.safetensors files")
-    return files
 
 
 def open_shard(file: Path):

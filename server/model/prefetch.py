@@ -16,6 +16,8 @@ import os
 import threading
 from pathlib import Path
 
+from llmservice.server.model.hf_info import shard_files
+from llmservice.server.model.loaded import UnsupportedModelError
 from llmservice.server.model.registry import ModelNotFoundError, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -23,14 +25,18 @@ log = logging.getLogger(__name__)
 
 def weight_files(model: str) -> list[Path]:
     """The files the loader will read for `model`: the .gguf file, or a folder's safetensors
-    shards (its .gguf files when it has none). Empty when the model cannot be found."""
+    shards as the loader lists them (its .gguf files when it has none). Empty when the
+    model cannot be found."""
     try:
         path = resolve_model_path(model)
     except ModelNotFoundError:
         return []
     if path.is_file():
         return [path]
-    return sorted(path.glob("*.safetensors")) or sorted(path.glob("*.gguf"))
+    try:
+        return shard_files(path)
+    except UnsupportedModelError:  # no safetensors (or a broken index: the loader says which)
+        return sorted(path.glob("*.gguf"))
 
 
 def _advise(files: list[Path]) -> None:
