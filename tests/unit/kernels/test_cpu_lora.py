@@ -54,17 +54,19 @@ def reference(a, bt, x, out, row_slots) -> torch.Tensor:
     return want
 
 
+def inputs(num_rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random activations and the projection's output rows the delta is added to."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(num_rows, FAN_IN, generator=gen), torch.randn(num_rows, sum(WIDTHS), generator=gen)
+
+
 ROWS = [0, -1, 2, 1, 1, 0, -1, 2, 2]
 MANY = ROWS * 400  # past the work from which a call runs on several threads
 
 
 def test_delta_matches_fp64_and_leaves_base_rows_alone():
     st, a, bt = stacks()
-    gen = torch.Generator().manual_seed(1)
-    x, out = (
-        torch.randn(len(ROWS), FAN_IN, generator=gen),
-        torch.randn(len(ROWS), sum(WIDTHS), generator=gen),
-    )
+    x, out = inputs(len(ROWS), seed=1)
     got = out.clone()
     assert st.add(0, 0, st.rows(ROWS), x, got)
     want = reference(a, bt, x, out, ROWS)
@@ -77,11 +79,7 @@ def test_delta_matches_fp64_and_leaves_base_rows_alone():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(threads, rows):
     st, _, _ = stacks()
-    gen = torch.Generator().manual_seed(2)
-    x, out = (
-        torch.randn(len(rows), FAN_IN, generator=gen),
-        torch.randn(len(rows), sum(WIDTHS), generator=gen),
-    )
+    x, out = inputs(len(rows), seed=2)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
