@@ -2,7 +2,8 @@
 
 It takes a model on CPU in fp32 on one rank whose every layer is packed GGUF blocks
 (the default load of a Q4_0/Q4_1/Q8_0 GGUF); anything else (dense fp32 weights from
-`--cpu-weights fp32` or safetensors, tensor parallelism, CUDA) keeps the Python loop.
+`--cpu-weights fp32` or safetensors, mixture-of-experts layers, tensor parallelism,
+CUDA) keeps the Python loop.
 Both give the same bits, so the choice changes speed only.
 """
 
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 def decoder_weights(model: LlamaModel) -> cpu_decoder.DecoderWeights | None:
     """The C decoder's view of `model`'s layers, or None where it does not apply."""
     if model.device.type != "cpu" or model.dtype != torch.float32 or model.world.size > 1:
+        return None
+    if any(layer.moe is not None for layer in model.layers):  # its C layer loop has no experts
         return None
     layers = []
     for layer in model.layers:

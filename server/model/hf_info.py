@@ -53,6 +53,34 @@ def attended_context(cfg: dict) -> int:
     return context
 
 
+def moe_fields(arch: str, cfg: dict) -> dict:
+    """The MoE part of a config.json as ModelConfig fields (empty for a dense family).
+
+    Mixtral routes every layer over `num_local_experts` experts of `intermediate_size`
+    and always renormalises the top k; Qwen2/3-MoE size experts by
+    `moe_intermediate_size`, renormalise only with `norm_topk_prob`, and keep a dense MLP
+    in `mlp_only_layers` and in layers off `decoder_sparse_step` (as transformers does)."""
+    if arch == "mixtral":
+        return dict(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True)  # fmt: skip
+    # Hub configs say num_experts; transformers >= 5 saves it as num_local_experts
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if arch not in ("qwen2_moe", "qwen3_moe") or not experts:
+        return {}
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    only_dense = {int(n) for n in cfg.get("mlp_only_layers") or []}
+    dense = [n for n in range(cfg["num_hidden_layers"]) if n in only_dense or (n + 1) % step]
+    return dict(
+        num_experts=int(experts),
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+        if arch == "qwen2_moe" else 0,
+        dense_mlp_layers=dense,
+    )
+
+
 def read_hf_config(path: Path) -> ModelConfig:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
@@ -79,13 +107,14 @@ def read_hf_config(path: Path) -> ModelConfig:
         rope_scaling=cfg.get("rope_scaling") or cfg.get("rope_parameters"),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-        qk_norm=arch == "qwen3",
+        attention_bias=arch in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
+        qk_norm=arch in ("qwen3", "qwen3_moe"),
         max_position_embeddings=attended_context(cfg),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
         name=path.name,
         sampling_defaults=sampling,
+        **moe_fields(arch, cfg),
     )
 
 

@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) whose attention reads/writes a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, and their mixture-of-experts kin
+Mixtral, Qwen2-MoE, Qwen3-MoE) whose attention reads/writes a paged KV cache.
 
 A pure function of (tokens, positions, attention metadata, KV pools), no nn.Module. Its
 matmuls are the tensor-parallel layers of `parallel.py` (one device: `World()`, each is
@@ -19,6 +20,7 @@ from llmservice.kernels.metadata import AttentionMetadata
 from llmservice.server.lora.weights import LoRAWeights
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.fused_decoder import decoder_weights
+from llmservice.server.model.moe import MoEBlock, moe_rank_weight_elements
 from llmservice.server.model.parallel import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -41,12 +43,13 @@ QKV, O_PROJ, GATE_UP, DOWN = ("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate
 class DecoderLayer:
     qkv: ColumnParallelLinear
     o_proj: RowParallelLinear
-    gate_up: ColumnParallelLinear
-    down: RowParallelLinear
+    gate_up: ColumnParallelLinear | None  # the dense MLP; None in a mixture-of-experts layer
+    down: RowParallelLinear | None
     input_norm: torch.Tensor
     post_attn_norm: torch.Tensor
     q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm over each head of q and k
     k_norm: torch.Tensor | None = None
+    moe: MoEBlock | None = None  # router + experts in place of gate_up/down
 
     @property
     def nbytes(self) -> int:
@@ -55,8 +58,9 @@ class DecoderLayer:
             for t in (self.input_norm, self.post_attn_norm, self.q_norm, self.k_norm)
             if t is not None
         ]
-        linears = (self.qkv, self.o_proj, self.gate_up, self.down)
-        return sum(x.weight.nbytes for x in linears) + sum(
+        linears = [x for x in (self.qkv, self.o_proj, self.gate_up, self.down) if x is not None]
+        moe = self.moe.nbytes if self.moe is not None else 0
+        return moe + sum(x.weight.nbytes for x in linears) + sum(
             t.numel() * t.element_size() for t in norms
         )
 
@@ -148,17 +152,19 @@ class LlamaModel:
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
+            sparse = config.is_moe_layer(i)
             self.layers.append(
                 DecoderLayer(
                     qkv=ColumnParallelLinear(src, [a + "q_proj", a + "k_proj", a + "v_proj"],
                                              [q_rows, kv_rows, kv_rows], bias=config.attention_bias),
                     o_proj=RowParallelLinear(src, a + "o_proj", q_rows, world),
-                    gate_up=ColumnParallelLinear(src, [m + "gate_proj", m + "up_proj"], [shape.intermediate] * 2),
-                    down=RowParallelLinear(src, m + "down_proj", shape.intermediate, world),
+                    gate_up=None if sparse else ColumnParallelLinear(src, [m + "gate_proj", m + "up_proj"], [shape.intermediate] * 2),
+                    down=None if sparse else RowParallelLinear(src, m + "down_proj", shape.intermediate, world),
                     input_norm=src.get(p + "input_layernorm.weight"),
                     post_attn_norm=src.get(p + "post_attention_layernorm.weight"),
                     q_norm=src.get(a + "q_norm.weight") if config.qk_norm else None,
                     k_norm=src.get(a + "k_norm.weight") if config.qk_norm else None,
+                    moe=MoEBlock(src, p, config, world) if sparse else None,
                 )
             )  # fmt: skip
         src.release()
@@ -252,18 +258,24 @@ class LlamaModel:
             if lora is not None:
                 lora.add(i, O_PROJ, attn, o)
             x, residual = ops.fused_add_rms_norm(o, residual, layer.post_attn_norm, eps)
-            gate_up = layer.gate_up(x)
-            if lora is not None:
-                lora.add(i, GATE_UP, x, gate_up)
-            act = ops.silu_and_mul(gate_up)
-            mlp = layer.down(act)
-            if lora is not None:
-                lora.add(i, DOWN, act, mlp)
+            mlp = layer.moe(x) if layer.moe is not None else self._dense_mlp(i, layer, x, lora)
             next_norm = (
                 self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             )
             x, residual = ops.fused_add_rms_norm(mlp, residual, next_norm, eps)
         return x
+
+    def _dense_mlp(self, i: int, layer: DecoderLayer, x: torch.Tensor, lora: LoRAWeights | None) -> torch.Tensor:
+        """gate_up -> SiLU-and-mul -> down, each with its LoRA delta where adapters run."""
+        assert layer.gate_up is not None and layer.down is not None
+        gate_up = layer.gate_up(x)
+        if lora is not None:
+            lora.add(i, GATE_UP, x, gate_up)
+        act = ops.silu_and_mul(gate_up)
+        mlp = layer.down(act)
+        if lora is not None:
+            lora.add(i, DOWN, act, mlp)
+        return mlp
 
 
 def score_tokens(model: LlamaModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
@@ -292,10 +304,14 @@ def rank_weight_bytes(config: ModelConfig, world: World, dtype_bytes: int) -> in
     shape = RankShape.of(config, world)
     h, d = config.hidden_size, config.head_dim
     qkv_rows = (shape.q_heads.length + 2 * shape.kv_heads.length) * d
-    per_layer = qkv_rows * h + shape.q_heads.length * d * h + 3 * shape.intermediate.length * h
+    per_layer = qkv_rows * h + shape.q_heads.length * d * h
     per_layer += qkv_rows * config.attention_bias + 2 * h + 2 * d * config.qk_norm
+    mlps = sum(
+        moe_rank_weight_elements(config, world) if config.is_moe_layer(n) else 3 * shape.intermediate.length * h
+        for n in range(config.num_layers)
+    )
     vocab_rows = (
         vocab_shard(config.vocab_size, world).length if world.size > 1 else config.vocab_size
     )
     heads = 1 if config.tie_word_embeddings else 2
-    return dtype_bytes * (config.num_layers * per_layer + heads * vocab_rows * h + h)
+    return dtype_bytes * (config.num_layers * per_layer + mlps + heads * vocab_rows * h + h)

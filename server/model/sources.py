@@ -18,6 +18,10 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    # mixture of experts (server/model/moe.py)
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 _PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _REPO = re.compile(rf"^{_PART}/{_PART}$")
