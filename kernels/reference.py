@@ -125,6 +125,32 @@ def lora_add(
     return result
 
 
+def moe_reference(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The mixture-of-experts MLP [T, H] in float64: out[t] = sum_k topk_weights[t, k] *
+    w2[e] @ (silu(gate) * up), gate / up = the first / last I rows of w13[e] times x[t],
+    e = topk_ids[t, k]; one expert at a time over the pairs routed to it."""
+    x64, w13_64, w2_64 = _f64(x), _f64(w13), _f64(w2)
+    weights, ids = _f64(topk_weights), topk_ids.detach().cpu().long()
+    inter = w13.shape[1] // 2
+    out = torch.zeros_like(x64)
+    for e in range(w13.shape[0]):
+        tokens, slots = (ids == e).nonzero(as_tuple=True)
+        if tokens.numel() == 0:
+            continue
+        rows = x64[tokens]
+        gate = rows @ w13_64[e, :inter].T
+        up = rows @ w13_64[e, inter:].T
+        down = (torch.nn.functional.silu(gate) * up) @ w2_64[e].T
+        out.index_add_(0, tokens, down * weights[tokens, slots][:, None])
+    return out
+
+
 def rotary_cos_sin_cache(max_positions: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """The [max_positions, head_dim] cat(cos, sin) table the rotary op expects, in float32."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
