@@ -22,7 +22,7 @@ import os
 from types import ModuleType, SimpleNamespace
 
 import torch
-from llmservice.kernels import torch_ops
+from llmservice.kernels import torch_moe, torch_ops
 from llmservice.kernels.metadata import AttentionMetadata
 
 _triton: SimpleNamespace | None = None
@@ -45,6 +45,7 @@ def _load_triton() -> SimpleNamespace:
             triton_common,
             triton_decode,
             triton_lora,
+            triton_moe,
             triton_norm,
             triton_prefill,
             triton_rotary,
@@ -54,6 +55,7 @@ def _load_triton() -> SimpleNamespace:
             "cache": triton_cache,
             "decode": triton_decode,
             "lora": triton_lora,
+            "moe": triton_moe,
             "norm": triton_norm,
             "prefill": triton_prefill,
             "rotary": triton_rotary,
@@ -139,6 +141,14 @@ def lora_add(x, a, b, scalings, tiles, widths, out) -> None:
     Only the Triton path lives here: the CPU path is server/lora/weights.py's per-group
     torch loop, which skips the modules an adapter does not target."""
     _triton_for(x).lora.add_lora(x, a, b, scalings, tiles, widths, out)
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids):
+    """A mixture-of-experts MLP over routed tokens: the Triton fused-MoE kernel on CUDA
+    (triton_moe.py), one GEMM pair per expert group on CPU (torch_moe.py)."""
+    if backend_for(x) == "triton":
+        return _triton_for(x).moe.fused_moe(x, w13, w2, topk_weights, topk_ids)
+    return torch_moe.grouped_moe(x, w13, w2, topk_weights, topk_ids)
 
 
 def silu_and_mul(gate_up):

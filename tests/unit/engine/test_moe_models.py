@@ -1,6 +1,6 @@
 """Mixture-of-experts models (Mixtral, Qwen3-MoE, Qwen2-MoE) against transformers on
 the very same random weights (fp32), loaded the way `serve` loads them: logits of a
-whole prompt, then greedy tokens of 16 prompts run together by the engine (continuous
+whole prompt (torch and Triton kernels), then greedy tokens of 16 prompts run together by the engine (continuous
 batching, prefix caching, 7-token prefill chunks) and at tensor-parallel size 2.
 
 Every prompt of a family is compared; at least 15 of the 16 must match transformers
@@ -83,6 +83,20 @@ def test_logits_match_transformers(family):
             expected = ref(torch.tensor([ids])).logits[0].float()
         rel = ((ours - expected).abs().max() / expected.abs().max()).item()
         assert rel <= 1e-4, f"{name}: relative logit error {rel:.2e}"
+
+
+def test_triton_path_logits_match_transformers(family, monkeypatch):
+    """Every kernel of the model Triton's (the fused-MoE kernel included), run by the
+    interpreter on CPU tensors: what a CUDA run computes, against transformers."""
+    name, folder, ref, prompts, _ = family
+    _, config, _, source = weight_source(folder, torch.float32)
+    model = LlamaModel(config, source, torch.device("cpu"), torch.float32, 256)
+    monkeypatch.setenv("LLMSERVICE_KERNELS", "triton")
+    ours = score_tokens(model, prompts[1])
+    with torch.no_grad():
+        expected = ref(torch.tensor([prompts[1]])).logits[0].float()
+    rel = ((ours - expected).abs().max() / expected.abs().max()).item()
+    assert rel <= 1e-4, f"{name} (Triton): relative logit error {rel:.2e}"
 
 
 @pytest.mark.parametrize(
