@@ -160,3 +160,19 @@ def test_every_expert_is_resident_and_counted(folders, name, tp):
         with safe_open(str(folders[name] / "model.safetensors"), "pt") as f:
             total = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
         assert model.weight_bytes() == 4 * total and config.num_params == total
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_dummy_weights_have_the_checkpoints_names_and_shapes(folders, name):
+    """--load-format dummy (GPU benchmarks at a real MoE's shape) makes every tensor the
+    checkpoint has, experts and shared expert included, and the model builds from them."""
+    from llmservice.server.model.dummy import dummy_weights
+    from safetensors import safe_open
+
+    config = read_hf_config(folders[name])
+    dummy = dummy_weights(config, torch.float32)
+    with safe_open(str(folders[name] / "model.safetensors"), "pt") as f:
+        expected = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert {k: tuple(v.shape) for k, v in dummy.items()} == expected
+    model = LlamaModel(config, dummy, torch.device("cpu"), torch.float32, 64)
+    assert torch.isfinite(score_tokens(model, [5, 6, 7])).all()
