@@ -30,6 +30,12 @@
 # The LoRA kernels are one call of their own, ONLY="lora_tests lora_bench" (< 6 minutes):
 #   lora_tests    tests/unit/kernels/test_triton_lora.py compiled, on CUDA tensors
 #   lora_bench    bench/lora.py, SmolLM2 shape bf16, base vs 1/8/64 adapters -> gpu-lora.json
+#
+# The fused MoE kernel is one call of its own too, ONLY="moe_tests moe_kernel_bench" (< 5 minutes):
+#   moe_tests         tests/unit/kernels/test_triton_moe.py compiled, on CUDA tensors
+#   moe_kernel_bench  bench/moe_kernel.py, Qwen3-30B-A3B layer bf16 (H 2048, I 768, E 128,
+#                     K 8), T 1/16/128/1024: fused_moe vs a torch per-expert loop, a tile
+#                     sweep -> gpu-moe_kernel.json
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/bench/results}"
@@ -85,6 +91,8 @@ if [[ $DRY == 1 ]]; then
   stage lora_tests 300 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" -x "$ROOT/tests/unit/kernels/test_triton_lora.py"
   stage lora_bench 300 "$PY" "$ROOT/bench/lora.py" --model "$M/smollm2-135m-shape" --load-format dummy \
     --device cpu --quick --adapters 1 2 --requests 2 --out "$RES"
+  stage moe_tests 300 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" -x "$ROOT/tests/unit/kernels/test_triton_moe.py"
+  stage moe_kernel_bench 120 "$PY" "$ROOT/bench/moe_kernel.py" --smoke --out "$RES"
   stage summary 60 "$PY" "$ROOT/scripts/gpu_summary.py" "$RES"
   exit 0
 fi
@@ -114,5 +122,9 @@ stage offline_throughput 280 "$PY" "$ROOT/bench/offline_throughput.py" --model "
 stage lora_tests 120 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" "$ROOT/tests/unit/kernels/test_triton_lora.py"
 stage lora_bench 240 "$PY" "$ROOT/bench/lora.py" --model "$M/smollm2-135m-shape" --load-format dummy \
   --device cuda --adapters 1 8 64 --requests 64 --out "$RES"
+# MoE: the fused kernel's tests compiled, then fused vs the per-expert loop at a
+# Qwen3-30B-A3B layer (about 1.2 GB of bf16 expert weights)
+stage moe_tests 150 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" "$ROOT/tests/unit/kernels/test_triton_moe.py"
+stage moe_kernel_bench 150 "$PY" "$ROOT/bench/moe_kernel.py" --out "$RES"
 stage summary 60 "$PY" "$ROOT/scripts/gpu_summary.py" "$RES"
 ls -la "$RES"
