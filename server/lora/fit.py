@@ -27,6 +27,12 @@ def check_fits(adapter: LoRAAdapter, config: ModelConfig, model_name: str) -> No
                 f"adapter {adapter.name!r}{trained_on} does not fit {model_name!r}: it has layer {layer}, "
                 f"the model has {config.num_layers} layers"
             )
+        if module in ("gate_proj", "up_proj", "down_proj") and config.is_moe_layer(layer):
+            raise LoRAAdapterError(
+                f"adapter {adapter.name!r}{trained_on} does not fit {model_name!r}: layer {layer} is a "
+                f"mixture-of-experts layer, which has no dense {module} (LoRA serves the attention "
+                "projections of MoE layers)"
+            )
         fan_in, fan_out = shapes[module]
         if a.shape[1] != fan_in or b.shape[0] != fan_out:
             raise LoRAAdapterError(

@@ -176,3 +176,22 @@ def test_dummy_weights_have_the_checkpoints_names_and_shapes(folders, name):
     assert {k: tuple(v.shape) for k, v in dummy.items()} == expected
     model = LlamaModel(config, dummy, torch.device("cpu"), torch.float32, 64)
     assert torch.isfinite(score_tokens(model, [5, 6, 7])).all()
+
+
+def test_a_lora_adapter_on_an_experts_mlp_is_refused_by_name(folders):
+    """An MoE layer has no dense gate/up/down for a LoRA delta: the adapter is refused
+    naming the layer, never served with its MLP part silently left out; its attention
+    projections and a dense layer's MLP fit."""
+    from llmservice.server.lora.adapter import LoRAAdapter, LoRAAdapterError
+    from llmservice.server.lora.fit import check_fits
+
+    config = read_hf_config(folders["qwen3_moe"])  # layer 0 experts, layer 1 a dense MLP
+    h, i = config.hidden_size, config.intermediate_size
+
+    def adapter(layer: int, module: str, fan_in: int, fan_out: int) -> LoRAAdapter:
+        return LoRAAdapter("a", 4, 1.0, None, {(layer, module): (torch.zeros(4, fan_in), torch.zeros(fan_out, 4))})
+
+    check_fits(adapter(0, "o_proj", config.num_heads * config.head_dim, h), config, "m")
+    check_fits(adapter(1, "gate_proj", h, i), config, "m")
+    with pytest.raises(LoRAAdapterError, match="layer 0 is a mixture-of-experts layer, which has no dense gate_proj"):
+        check_fits(adapter(0, "gate_proj", h, i), config, "m")
