@@ -25,6 +25,11 @@ def read_config(reader: GGUFFile, path: Path) -> ModelConfig:
             f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
         )
     g: Callable = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    if int(g("expert_count", 0) or 0) > 0:  # Mixtral GGUFs say "llama" and carry *_exps tensors
+        raise UnsupportedModelError(
+            f"{path}: a mixture-of-experts GGUF ({g('expert_count')} experts) is not supported; "
+            "serve the model's Hugging Face folder (safetensors) instead"
+        )
     n_heads = int(g("attention.head_count"))
     hidden = int(g("embedding_length"))
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
