@@ -38,6 +38,12 @@ from llmservice.server.api.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from llmservice.server.api.responses import create_response
+from llmservice.server.api.responses_protocol import (
+    RESPONSES_RESPONSES,
+    ResponseObject,
+    ResponsesRequest,
+)
 from llmservice.server.api.serving import ClientDisconnected, ServerState
 from llmservice.server.api.tokenizer_service import message_dicts
 from llmservice.server.metrics import ServerMetrics
@@ -102,6 +108,10 @@ def create_app(state: ServerState, metrics: ServerMetrics) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         return await create_chat_completion(body, raw, state)
+
+    @app.post("/v1/responses", response_model=ResponseObject, responses=RESPONSES_RESPONSES)
+    async def responses(body: ResponsesRequest, raw: Request):
+        return await create_response(body, raw, state)
 
     # ---- models and tokenizer ----------------------------------------------------------------
     @app.get("/v1/models", response_model=ModelList)

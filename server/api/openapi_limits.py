@@ -9,7 +9,8 @@ priority. `server_limits` adds them to the generated schema
 document sees the bounds the handlers enforce.
 
 Chat's max_tokens is bounded only where it counts: a max_completion_tokens that is set
-takes its place (OpenAI's rule), and then max_tokens is not read at all.
+takes its place (OpenAI's rule), and then max_tokens is not read at all. The Responses
+API's max_output_tokens is bounded as completions' max_tokens is.
 
 The rules JSON Schema cannot state (it neither counts tokens nor multiplies or compares
 fields) are in the descriptions and in the 400 response's: prompt tokens + max_tokens
@@ -68,13 +69,15 @@ def server_limits(schema: dict[str, Any], limits: ServerLimits) -> dict[str, Any
     """`schema` (the generated OpenAPI document) with the server's own bounds, in place."""
     models = schema.get("components", {}).get("schemas", {})
     context = f"; prompt tokens + max_tokens <= {limits.max_model_len} and n x max_tokens <= {limits.max_model_len}"
-    for name in ("CompletionRequest", "ChatCompletionRequest"):
+    one_answer = f"; prompt tokens + max_output_tokens <= {limits.max_model_len}"
+    for name in ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest"):
         model = models.get(name, {})
         props = model.get("properties", {})
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if field not in props:
                 continue
-            props[field]["description"] = props[field].get("description", "") + context
+            rule = one_answer if field == "max_output_tokens" else context  # /v1/responses has no n
+            props[field]["description"] = props[field].get("description", "") + rule
             if field == "max_tokens" and "max_completion_tokens" in props:
                 _capped_unless_set(model, field, "max_completion_tokens", limits.max_model_len)
             else:
