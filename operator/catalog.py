@@ -15,20 +15,50 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Architecture:
-    """The shape of a decoder-only transformer, as far as memory sizing cares."""
+    """The shape of a decoder-only transformer, as far as memory sizing cares.
+
+    Mixture-of-experts: every expert of every MoE layer stays resident in GPU memory (only
+    `num_experts_per_token` of them compute per token), so the weights count all
+    `num_experts`; `intermediate_size` is then one expert's width (Mixtral's
+    `intermediate_size`, Qwen-MoE's `moe_intermediate_size`). The router is E x hidden per
+    MoE layer. `num_dense_layers` of the layers keep a dense MLP of
+    `dense_intermediate_size` instead (Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`).
+    """
 
     num_layers: int
     hidden_size: int
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    intermediate_size: int
+    intermediate_size: int  # the MLP's width; with num_experts > 1 one routed expert's
     vocab_size: int
     tie_word_embeddings: bool = False
-    num_experts: int = 1  # MoE: experts per layer (all resident in memory)
+    num_experts: int = 1  # MoE: routed experts per MoE layer (all resident in memory)
     num_experts_per_token: int = 1
     attention_bias: bool = False  # Qwen2 has q/k/v biases
     parameter_count: int | None = None  # overrides the count derived from the shape
+    num_dense_layers: int = 0  # MoE: layers with a dense MLP instead of experts
+    dense_intermediate_size: int | None = None  # those layers' MLP width (None: intermediate_size)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert, 1-wide sigmoid gate
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and on k in every layer
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is routed experts (0 for a dense model)."""
+        return max(0, self.num_layers - self.num_dense_layers) if self.num_experts > 1 else 0
+
+    @property
+    def dense_mlp_size(self) -> int:
+        """The MLP width of the layers without experts."""
+        return self.dense_intermediate_size or self.intermediate_size
+
+    def moe_mlp_parameters(self) -> int:
+        """One MoE layer: all experts (gate, up, down), the router, the shared expert."""
+        h = self.hidden_size
+        experts = 3 * h * self.intermediate_size * self.num_experts + h * self.num_experts
+        if self.shared_expert_intermediate_size:
+            experts += 3 * h * self.shared_expert_intermediate_size + h  # + its 1-wide gate
+        return experts
 
     def derived_parameter_count(self) -> int:
         """Parameters implied by the shape (embeddings, attention, MLP/experts, norms)."""
@@ -37,13 +67,16 @@ class Architecture:
         attention = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
         if self.attention_bias:
             attention += q + 2 * kv
-        mlp = 3 * self.hidden_size * self.intermediate_size * self.num_experts
-        if self.num_experts > 1:
-            mlp += self.hidden_size * self.num_experts  # router
-        per_layer = attention + mlp + 2 * self.hidden_size
+        if self.qk_norm:
+            attention += 2 * self.head_dim
+        moe_layers = self.num_moe_layers
+        dense_layers = self.num_layers - moe_layers
+        mlp = moe_layers * self.moe_mlp_parameters()
+        mlp += dense_layers * 3 * self.hidden_size * self.dense_mlp_size
+        per_layer = attention + 2 * self.hidden_size
         embeddings = self.vocab_size * self.hidden_size
         lm_head = 0 if self.tie_word_embeddings else embeddings
-        return self.num_layers * per_layer + embeddings + lm_head + self.hidden_size
+        return self.num_layers * per_layer + mlp + embeddings + lm_head + self.hidden_size
 
     @property
     def parameters(self) -> int:
@@ -63,6 +96,16 @@ class CatalogEntry:
 
 
 _LLAMA3_8B = Architecture(32, 4096, 32, 8, 128, 14336, 128256)
+# Qwen3-MoE: 128 routed experts of moe_intermediate_size, 8 per token, in every layer
+# (decoder_sparse_step 1, no mlp_only_layers); intermediate_size is only a dense layer's.
+_QWEN3_30B_A3B = Architecture(
+    48, 2048, 32, 4, 128, 768, 151936, num_experts=128, num_experts_per_token=8,
+    dense_intermediate_size=6144, qk_norm=True,
+)  # fmt: skip
+_QWEN3_235B_A22B = Architecture(
+    94, 4096, 64, 4, 128, 1536, 151936, num_experts=128, num_experts_per_token=8,
+    dense_intermediate_size=12288, qk_norm=True,
+)  # fmt: skip
 _LLAMA3_70B = Architecture(80, 8192, 64, 8, 128, 28672, 128256)
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -117,6 +160,16 @@ CATALOG: dict[str, CatalogEntry] = {
             "qwen2.5-72b",
             Architecture(80, 8192, 64, 8, 128, 29568, 152064, attention_bias=True),
             hf_ids=("Qwen/Qwen2.5-72B", "Qwen/Qwen2.5-72B-Instruct"),
+        ),
+        CatalogEntry(
+            "qwen3-30b-a3b",
+            _QWEN3_30B_A3B,
+            hf_ids=("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Instruct-2507"),
+        ),
+        CatalogEntry(
+            "qwen3-235b-a22b",
+            _QWEN3_235B_A22B,
+            hf_ids=("Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B-Instruct-2507"),
         ),
     )
 }

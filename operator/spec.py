@@ -83,6 +83,10 @@ def _architecture(data: dict[str, Any], parameter_count: int | None) -> Architec
         num_experts_per_token=_get(data, "numExpertsPerToken", 1),
         attention_bias=_get(data, "attentionBias", False),
         parameter_count=parameter_count,
+        num_dense_layers=_get(data, "numDenseLayers", 0),
+        dense_intermediate_size=data.get("denseIntermediateSize"),
+        shared_expert_intermediate_size=_get(data, "sharedExpertIntermediateSize", 0),
+        qk_norm=_get(data, "qkNorm", False),
     )
 
 

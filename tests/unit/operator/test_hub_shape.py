@@ -290,3 +290,45 @@ def wait_for(check, timeout: float = 30.0):
             return value
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+# ------------------------------------------------------------------ mixture of experts
+
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+    "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "vocab_size": 151936, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def test_a_qwen3_moe_config_is_the_catalog_entry_all_experts_counted():
+    arch = architecture_from_config(QWEN3_30B_A3B)
+    assert arch == CATALOG["qwen3-30b-a3b"].architecture
+    assert arch.parameters / 1e9 == pytest.approx(30.5, rel=0.005)  # published: 30.5 B
+    assert (arch.num_experts, arch.intermediate_size, arch.num_dense_layers) == (128, 768, 0)
+
+
+def test_a_moe_repo_on_the_hub_is_sized_by_all_its_experts(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=24, mlp_only_layers=[2],
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    moe = transformers.Qwen2MoeForCausalLM(config)
+    moe.save_pretrained(tmp_path / "moe")  # config.json + model.safetensors, as on the Hub
+    total = sum(p.numel() for p in moe.state_dict().values())
+    with HubEndpoint() as endpoint:
+        endpoint.add_repo("acme/tiny-moe", tmp_path / "moe")
+        shapes = HubShapes(no_token, endpoint=endpoint.base_url, timeout=SLOW)
+        found = shapes.lookup("default", model("hf://acme/tiny-moe"))
+        shapes.close()
+    assert found.problem is None
+    arch = found.architecture
+    assert arch.parameters == total == arch.derived_parameter_count()  # headers == shape
+    assert (arch.num_experts, arch.num_dense_layers, arch.shared_expert_intermediate_size) == (
+        8, 1, 24,
+    )  # fmt: skip
