@@ -166,13 +166,27 @@ def activation_reserve_bytes(shape: Shape) -> float:
     arch, tp = shape.architecture, shape.tensor_parallel_size
     qkv = (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim
     per_token = shape.dtype_bytes * (
-        2 * arch.intermediate_size * arch.num_experts_per_token / tp
-        + 4 * arch.hidden_size
-        + qkv / tp
+        mlp_activation_elements(arch, tp) + 4 * arch.hidden_size + qkv / tp
     )
+    if arch.num_moe_layers:
+        per_token += 4 * arch.num_experts  # the router's fp32 probabilities
     logits = min(shape.max_num_seqs, shape.max_num_batched_tokens) * arch.vocab_size * 4
     fixed = FIXED_OVERHEAD_GIB + (TENSOR_PARALLEL_OVERHEAD_GIB if tp > 1 else 0.0)
     return shape.max_num_batched_tokens * per_token + logits + fixed * GIB
+
+
+def mlp_activation_elements(arch: Architecture, tp: int) -> float:
+    """Elements per token of the widest MLP step. Dense: gate and up, 2 x FFN / TP. MoE:
+    a prefill materialises each (token, k) pair, so gate and up of k experts (and of the
+    shared expert), plus the token's k copies of its hidden state into the experts and
+    their k outputs before the weighted sum (hidden-wide, not split by TP). A model with
+    dense layers and MoE layers peaks at the larger of the two."""
+    if not arch.num_moe_layers:
+        return 2 * arch.intermediate_size * arch.num_experts_per_token / tp
+    k = arch.num_experts_per_token
+    experts = 2 * (arch.intermediate_size * k + arch.shared_expert_intermediate_size) / tp
+    dense = 2 * arch.dense_mlp_size / tp if arch.num_dense_layers else 0.0
+    return max(dense, experts + 2 * k * arch.hidden_size)
 
 
 def sequence_fits(plan: MemoryPlan, max_model_len: int) -> bool:
@@ -272,11 +286,12 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
         )
     plan = plan_memory(shape)
     lora = lora_term(shape, plan)
+    experts = experts_term(arch)
     if sequence_fits(plan, shape.max_model_len):
         return FitResult(
             "True",
             "Fits",
-            f"weights {plan.weights_gib_per_gpu:.1f} GiB + activations "
+            f"weights {plan.weights_gib_per_gpu:.1f} GiB{experts} + activations "
             f"{plan.activation_reserve_gib_per_gpu:.1f} GiB{lora} + KV cache "
             f"{plan.kv_cache_gib_per_gpu:.1f} GiB per GPU within "
             f"{plan.budget_gib_per_gpu:.1f} GiB ({shape.gpu_memory_gib:g} GiB x {utilization:.2f}); "
@@ -289,7 +304,8 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
     need = plan.weights_gib_per_gpu + plan.activation_reserve_gib_per_gpu + plan.lora_slots_gib_per_gpu
     lead = (
         f"one sequence of maxModelLen {shape.max_model_len} does not fit: weights "
-        f"{plan.weights_gib_per_gpu:.1f} GiB + activations {plan.activation_reserve_gib_per_gpu:.1f} GiB"
+        f"{plan.weights_gib_per_gpu:.1f} GiB{experts} + activations "
+        f"{plan.activation_reserve_gib_per_gpu:.1f} GiB"
         f"{lora} per GPU leave {max(0.0, plan.budget_gib_per_gpu - need):.1f} GiB of the "
         f"{plan.budget_gib_per_gpu:.1f} GiB budget ({shape.gpu_memory_gib:g} GiB x {utilization:.2f}) "
         f"for KV cache, which needs {plan.kv_bytes_per_token_per_gpu} bytes per token per GPU"
@@ -313,6 +329,17 @@ def _check_known(spec: LLMServiceSpec, arch: Architecture, max_utilization: floa
         plan=plan,
         largest_max_model_len=longest,
         smallest_tensor_parallel_size=tp,
+    )
+
+
+def experts_term(arch: Architecture) -> str:
+    """A MoE model's weights in a fit message: all experts are resident, not the active
+    ones, so the message says so ('' for a dense model)."""
+    if not arch.num_moe_layers:
+        return ""
+    return (
+        f" ({arch.parameters / 1e9:.1f} B parameters: all {arch.num_experts} experts of each "
+        f"MoE layer resident, {arch.num_experts_per_token} active per token)"
     )
 
 
