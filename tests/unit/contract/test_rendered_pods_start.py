@@ -34,6 +34,7 @@ REFUSED = {
     "qwen2.5-7b": None,  # hf://, no token: the server downloads it at start
     "llama-3-8b-inference-pool": None,  # hf://; spec.gateway adds an InferencePool (render_gateway.py)
     "llama-3-8b-lora": None,  # hf://; spec.adapters: --enable-lora, loaded live (adapter_sync.py)
+    "qwen3-moe": None,  # hf://, Qwen3-MoE, no token: the server downloads it at start
 }
 
 
