@@ -32,12 +32,21 @@ EXAMPLES = sorted(
 
 
 def model_config(arch: Architecture) -> ModelConfig:
-    return ModelConfig(
-        architecture="llama", num_layers=arch.num_layers, hidden_size=arch.hidden_size,
-        num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
-        head_dim=arch.head_dim, intermediate_size=arch.intermediate_size, vocab_size=arch.vocab_size,
-        tie_word_embeddings=arch.tie_word_embeddings, attention_bias=arch.attention_bias,
-    )  # fmt: skip
+    """The server's config of the shape the operator sized; a mixture of experts as the
+    family its fields name (shared expert: Qwen2-MoE; q/k norms: Qwen3-MoE; else Mixtral)."""
+    moe = {}
+    if arch.num_experts > 1:
+        family = "qwen2_moe" if arch.shared_expert_intermediate_size else "qwen3_moe" if arch.qk_norm else "mixtral"
+        moe = dict(architecture=family, num_experts=arch.num_experts, num_experts_per_tok=arch.num_experts_per_token,
+                   moe_intermediate_size=arch.intermediate_size, dense_mlp_layers=list(range(arch.num_dense_layers)),
+                   shared_expert_intermediate_size=arch.shared_expert_intermediate_size)  # fmt: skip
+    return ModelConfig(**{
+        "architecture": "llama", "num_layers": arch.num_layers, "hidden_size": arch.hidden_size,
+        "num_heads": arch.num_attention_heads, "num_kv_heads": arch.num_key_value_heads,
+        "head_dim": arch.head_dim, "intermediate_size": arch.dense_intermediate_size or arch.intermediate_size,
+        "vocab_size": arch.vocab_size, "tie_word_embeddings": arch.tie_word_embeddings,
+        "attention_bias": arch.attention_bias, "qk_norm": arch.qk_norm, **moe,
+    })  # fmt: skip
 
 
 def spec_of(name: str, **engine) -> LLMServiceSpec:
