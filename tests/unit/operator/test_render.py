@@ -17,7 +17,7 @@ from tests.support.golden import ROOT, assert_golden, example, rendered
 
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.34.0"  # the Kubernetes release whose OpenAPI schemas the manifests must pass
-EXAMPLES = ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4", "qwen2.5-7b", "llama-3-8b-lora"]
+EXAMPLES = ["smollm2-cpu", "llama-3-8b", "llama-3-70b-tp4", "qwen2.5-7b", "llama-3-8b-lora", "qwen3-moe"]
 
 
 def args_of(manifests) -> list[str]:
