@@ -26,6 +26,15 @@ MOE_SPECS: dict[str, dict[str, Any]] = {
                       bos_token_id=None, eos_token_id=2, rope_theta=1000000.0),
 }  # fmt: skip
 
+# Qwen3-30B-A3B's published config.json (the numbers that matter for sizing)
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+    "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "vocab_size": 151936, "tie_word_embeddings": False,
+}  # fmt: skip
+
 
 def moe_models(root: Path) -> dict[str, Path]:
     """Every MoE model's folder under `root` (built once; reused when already there)."""

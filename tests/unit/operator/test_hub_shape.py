@@ -21,6 +21,7 @@ from llmservice.operator.vram import check_fit
 from safetensors.numpy import save_file
 
 from tests.support.hub_endpoint import HubEndpoint
+from tests.support.moe_models import QWEN3_30B_A3B
 
 # Published config.json values (the numbers that matter for sizing).
 LLAMA_31_8B = {
@@ -294,13 +295,6 @@ def wait_for(check, timeout: float = 30.0):
 
 # ------------------------------------------------------------------ mixture of experts
 
-QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
-    "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
-    "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-    "vocab_size": 151936, "tie_word_embeddings": False,
-}  # fmt: skip
 
 
 def test_a_qwen3_moe_config_is_the_catalog_entry_all_experts_counted():

@@ -25,17 +25,11 @@ from llmservice.operator.vram import (
 )
 
 from tests.support.golden import crd_schema, example
+from tests.support.moe_models import QWEN3_30B_A3B
 
 GOLDEN = Path(__file__).parent / "golden"
 
 # Published config.json values (the numbers that matter for sizing).
-QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
-    "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
-    "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-    "vocab_size": 151936, "tie_word_embeddings": False,
-}  # fmt: skip
 QWEN3_235B_A22B = {
     **QWEN3_30B_A3B, "hidden_size": 4096, "intermediate_size": 12288,
     "moe_intermediate_size": 1536, "num_attention_heads": 64, "num_hidden_layers": 94,
