@@ -68,7 +68,8 @@ def write_tokenizer(folder: Path, vocab: int) -> None:
     )
 
 
-def run_ours(engine, prompts: list[list[int]], max_tokens: int) -> float:
+def run_ours(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+    """(output tok/s of the closed batch, each request's greedy tokens)."""
     from llmservice.server.engine.sampling_params import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -77,10 +78,10 @@ def run_ours(engine, prompts: list[list[int]], max_tokens: int) -> float:
     sync()
     dt = time.perf_counter() - t0
     assert sum(len(o.token_ids) for o in outs) == len(prompts) * max_tokens
-    return len(prompts) * max_tokens / dt
+    return len(prompts) * max_tokens / dt, [o.token_ids for o in outs]
 
 
-def run_transformers(model, prompts: list[list[int]], max_tokens: int) -> float:
+def run_transformers(model, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     ids = torch.tensor(prompts, device=model.device)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -89,7 +90,7 @@ def run_transformers(model, prompts: list[list[int]], max_tokens: int) -> float:
     sync()
     dt = time.perf_counter() - t0
     assert out.shape[1] == ids.shape[1] + max_tokens
-    return len(prompts) * max_tokens / dt
+    return len(prompts) * max_tokens / dt, out[:, ids.shape[1]:].tolist()
 
 
 def sync() -> None:
@@ -135,11 +136,12 @@ def main() -> None:
         run_transformers(hf_moe, prompts[:2], 2)
         rounds = []
         for r in range(args.rounds):
-            row = {
-                "ours_moe": run_ours(engines["moe"], prompts, args.output),
-                "ours_dense_equivalent": run_ours(engines["dense"], prompts, args.output),
-                "transformers_moe": run_transformers(hf_moe, prompts, args.output),
-            }
+            (moe_tps, ours_tokens), (dense_tps, _), (hf_tps, hf_tokens) = (
+                run_ours(engines["moe"], prompts, args.output),
+                run_ours(engines["dense"], prompts, args.output),
+                run_transformers(hf_moe, prompts, args.output),
+            )
+            row = {"ours_moe": moe_tps, "ours_dense_equivalent": dense_tps, "transformers_moe": hf_tps}
             rounds.append(row)
             print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in row.items()), flush=True)
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
@@ -152,9 +154,13 @@ def main() -> None:
         "shape": args.shape, "layers": args.layers, **shape, "device": args.device, "dtype": str(dtype),
         "threads": args.threads, "requests": args.requests, "prompt_tokens": args.prompt,
         "output_tokens": args.output, "rounds": rounds, "median_tok_s": med, "median_ratios": ratios,
+        # greedy, same weights: fp32 on CPU should agree on every request; bf16 on a GPU
+        # drifts after a near-tie in a logit or a router's top k
+        "requests_with_tokens_equal_to_transformers": sum(a == b for a, b in zip(ours_tokens, hf_tokens, strict=True)),
         "expert_path": "triton fused_moe" if on_gpu else "grouped torch GEMMs (kernels/torch_moe.py)",
     }  # fmt: skip
-    print(json.dumps({"median_tok_s": med, "median_ratios": ratios}, indent=1))
+    print(json.dumps({"median_tok_s": med, "median_ratios": ratios,
+                      "tokens_equal": result["requests_with_tokens_equal_to_transformers"]}, indent=1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = ("gpu-" if on_gpu else "") + ("moe-quick" if args.quick else "moe") + ".json"

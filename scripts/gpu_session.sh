@@ -31,11 +31,14 @@
 #   lora_tests    tests/unit/kernels/test_triton_lora.py compiled, on CUDA tensors
 #   lora_bench    bench/lora.py, SmolLM2 shape bf16, base vs 1/8/64 adapters -> gpu-lora.json
 #
-# The fused MoE kernel is one call of its own too, ONLY="moe_tests moe_kernel_bench" (< 5 minutes):
+# The fused MoE kernel is one call of its own too, ONLY="moe_tests moe_kernel_bench moe_bench" (< 9 minutes):
 #   moe_tests         tests/unit/kernels/test_triton_moe.py compiled, on CUDA tensors
 #   moe_kernel_bench  bench/moe_kernel.py, Qwen3-30B-A3B layer bf16 (H 2048, I 768, E 128,
 #                     K 8), T 1/16/128/1024: fused_moe vs a torch per-expert loop, a tile
 #                     sweep -> gpu-moe_kernel.json
+#   moe_bench         bench/moe.py, Qwen3-30B-A3B layer shape (4 of 48 layers), bf16, the
+#                     engine with CUDA graphs: tok/s vs its dense equivalent and vs
+#                     transformers on the same weights, greedy agreement -> gpu-moe.json
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/bench/results}"
@@ -93,6 +96,7 @@ if [[ $DRY == 1 ]]; then
     --device cpu --quick --adapters 1 2 --requests 2 --out "$RES"
   stage moe_tests 300 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" -x "$ROOT/tests/unit/kernels/test_triton_moe.py"
   stage moe_kernel_bench 120 "$PY" "$ROOT/bench/moe_kernel.py" --smoke --out "$RES"
+  stage moe_bench 300 "$PY" "$ROOT/bench/moe.py" --quick --out "$RES"
   stage summary 60 "$PY" "$ROOT/scripts/gpu_summary.py" "$RES"
   exit 0
 fi
@@ -126,5 +130,7 @@ stage lora_bench 240 "$PY" "$ROOT/bench/lora.py" --model "$M/smollm2-135m-shape"
 # Qwen3-30B-A3B layer (about 1.2 GB of bf16 expert weights)
 stage moe_tests 150 "$PY" -m pytest -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" "$ROOT/tests/unit/kernels/test_triton_moe.py"
 stage moe_kernel_bench 150 "$PY" "$ROOT/bench/moe_kernel.py" --out "$RES"
+stage moe_bench 240 "$PY" "$ROOT/bench/moe.py" --shape qwen3-30b-a3b --layers 4 --device cuda \
+  --requests 64 --prompt 256 --output 64 --rounds 2 --threads 8 --out "$RES"
 stage summary 60 "$PY" "$ROOT/scripts/gpu_summary.py" "$RES"
 ls -la "$RES"
