@@ -48,6 +48,15 @@ class MoEConfig:
 
 
 @triton.jit
+def _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+    """Block pid_m's expert, its BLOCK_M (token, k) pair ids, and which are real (the
+    align step pads with ids >= num_pairs)."""
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    return expert, pair, pair < num_pairs
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,
     w_ptr,
@@ -73,9 +82,7 @@ def _moe_gate_up_kernel(
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(post_padded_ptr):
         return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    m_mask = pair < num_pairs
+    expert, pair, m_mask = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = pair // TOP_K
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < inter
@@ -137,9 +144,7 @@ def _moe_down_kernel(
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(post_padded_ptr):
         return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    m_mask = pair < num_pairs
+    expert, pair, m_mask = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, num_pairs, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < hidden
     offs_k = tl.arange(0, BLOCK_K)
