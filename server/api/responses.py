@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from llmservice.server.api.chat import create_chat_completion
@@ -69,8 +69,7 @@ def response_format(text: TextConfig | None) -> dict | None:
         return None
     if fmt.type == "json_object":
         return {"type": "json_object"}
-    spec = {"name": fmt.name, "schema": fmt.schema_, "description": fmt.description, "strict": fmt.strict}
-    return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
+    return {"type": "json_schema", "json_schema": fmt.model_dump(by_alias=True, exclude={"type"}, exclude_none=True)}
 
 
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
@@ -168,7 +167,7 @@ def response_head(req: ResponsesRequest, state: ServerState) -> dict:
     }
 
 
-async def chat_chunks(body: AsyncIterator) -> AsyncIterator[dict]:
+async def chat_chunks(body: AsyncGenerator) -> AsyncGenerator[dict, None]:
     """The chat stream's chunks as dicts, until `[DONE]`; the chat stream is closed
     (its engine requests aborted if unfinished) however this ends."""
     try:
@@ -181,7 +180,7 @@ async def chat_chunks(body: AsyncIterator) -> AsyncIterator[dict]:
         await body.aclose()
 
 
-async def _stream(events: ResponseEvents, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+async def _stream(events: ResponseEvents, chunks: AsyncGenerator[dict, None]) -> AsyncIterator[str]:
     try:
         async for chunk in chunks:
             for event in events.chunk(chunk):
@@ -192,7 +191,7 @@ async def _stream(events: ResponseEvents, chunks: AsyncIterator[dict]) -> AsyncI
         await chunks.aclose()
 
 
-async def _collect(events: ResponseEvents, chunks: AsyncIterator[dict]) -> dict:
+async def _collect(events: ResponseEvents, chunks: AsyncGenerator[dict, None]) -> dict:
     try:
         async for chunk in chunks:
             events.chunk(chunk)

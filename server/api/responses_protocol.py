@@ -22,6 +22,7 @@ from llmservice.server.api.protocol import (
     TOOL_CHOICE_NEEDS_TOOLS,
     APIModel,
     FunctionDefinition,
+    JSONSchemaFormat,
     RequestModel,
     TokenCount,
     TopLogprobs,
@@ -122,12 +123,11 @@ class TextFormatJSONObject(RequestModel):
     type: Literal["json_object"]
 
 
-class TextFormatJSONSchema(RequestModel):
+class TextFormatJSONSchema(JSONSchemaFormat):
+    """Chat's `response_format.json_schema`, flat, with a `type`; the schema is required."""
+
     type: Literal["json_schema"]
-    name: str = Field(min_length=1, max_length=64)
     schema_: dict[str, Any] = Field(alias="schema", description="a JSON Schema")
-    description: str | None = None
-    strict: bool | None = None
 
 
 TextFormat = Annotated[TextFormatText | TextFormatJSONObject | TextFormatJSONSchema, Field(discriminator="type")]

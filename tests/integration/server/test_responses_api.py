@@ -310,19 +310,24 @@ def test_the_openapi_document_describes_the_endpoint(main_server):
     assert request["max_output_tokens"]["anyOf"][0]["maximum"] == 512
 
 
-def _wait_idle(server, timeout: float = 30.0) -> dict:
+def _metrics_once(server, done, timeout: float = 30.0) -> dict:
+    """/metrics, polled until `done(sample)` holds."""
     deadline = time.monotonic() + timeout
-    while True:
-        m = server.metrics()
-        if m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0:
-            return m
-        assert time.monotonic() < deadline, f"engine still busy after {timeout} s: {m}"
+    sample = server.metrics()
+    while not done(sample):
+        assert time.monotonic() < deadline, f"not reached in {timeout} s: {sample}"
         time.sleep(0.1)
+        sample = server.metrics()
+    return sample
+
+
+def _idle(sample: dict) -> bool:
+    return sample["vllm:num_requests_running"] == 0 and sample["vllm:num_requests_waiting"] == 0
 
 
 def test_a_stream_left_early_aborts_its_engine_request(main_server):
     abort = f'vllm:request_success_total{{finished_reason="abort",model_name="{MODEL}"}}'
-    before = _wait_idle(main_server)
+    before = _metrics_once(main_server, _idle)
     body = {"model": MODEL, "input": "List the numbers 1, 2, 3, 4, 5, 6 and continue to 300.",
             "max_output_tokens": 400, "temperature": 0, "stream": True}
     with httpx.stream("POST", main_server.base_url + "/responses", json=body, timeout=60) as r:
@@ -331,6 +336,6 @@ def test_a_stream_left_early_aborts_its_engine_request(main_server):
             deltas += line == "event: response.output_text.delta"
             if deltas == 3:
                 break
-    after = _wait_idle(main_server)
+    after = _metrics_once(main_server, _idle)
     assert after.get(abort, 0) == before.get(abort, 0) + 1
     assert after["vllm:kv_cache_usage_perc"] == 0.0
