@@ -7,8 +7,8 @@ and one [k, I] x [I, H] GEMM, whatever the batch. That is E calls at most per la
 weight matrix is read once per step. The contributions are weighted, then summed into
 their tokens with one `index_add_`, in expert order, as transformers adds them.
 
-When every expert is hit and the busiest has at most twice the mean rows (decode
-batches, balanced prefills), the groups are padded to one [E, n, H] block and the two
+When every expert is hit and the busiest has at most twice the mean rows, or at most
+16 (decode batches, where a GEMM costs its weight read), the groups are padded to one [E, n, H] block and the two
 GEMMs are one `bmm` each: 2 calls instead of 2E. Small GEMMs each pay a thread-pool
 fork and join, which on a busy 2-core machine costs more than the GEMM itself.
 """
@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import torch
 from llmservice.kernels import torch_ops
+
+# Up to this many rows an expert's GEMM costs its weight read, so padding every expert to
+# the busiest one's rows adds next to nothing (decode batches)
+PADDED_ROWS_FREE = 16
 
 
 def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
@@ -42,7 +46,7 @@ def grouped_moe(
     order, counts = sort_by_expert(topk_ids, w13.shape[0])
     token_of = order // k
     rows = x.index_select(0, token_of)
-    if min(counts) > 0 and len(counts) * max(counts) <= 2 * len(order):
+    if min(counts) > 0 and (max(counts) <= PADDED_ROWS_FREE or len(counts) * max(counts) <= 2 * len(order)):
         out_rows = _padded_bmm(rows, w13, w2, topk_ids.reshape(-1).index_select(0, order), counts)
     else:
         out_rows = _per_expert(rows, w13, w2, counts)

@@ -47,13 +47,17 @@ def test_grouped_moe_matches_the_reference(monkeypatch, tokens, experts, k, expe
     torch.testing.assert_close(out.double(), ref.double(), rtol=1e-5, atol=1e-5)
 
 
-def test_one_expert_taking_every_token_and_imbalance_use_the_per_expert_loop(monkeypatch):
+@pytest.mark.parametrize(("tokens", "expected_branch"), [(40, "_per_expert"), (16, "_padded_bmm")])
+def test_one_expert_taking_every_token(monkeypatch, tokens, expected_branch):
+    """Expert 0 in every row: 3x the mean of 6 experts. Past 16 rows padding every expert
+    to it would triple the GEMMs' work (the loop runs); up to 16 a GEMM costs its weight
+    read, so the padded block runs."""
     taken = branch(monkeypatch)
-    ids = torch.zeros(16, 2, dtype=torch.long)
-    ids[:, 1] = torch.arange(16) % 5 + 1  # expert 0 in every row: 3x the mean of 6 experts
-    x, w13, w2, weights, _ = case(16, 6, 2, ids=ids)
+    ids = torch.zeros(tokens, 2, dtype=torch.long)
+    ids[:, 1] = torch.arange(tokens) % 5 + 1
+    x, w13, w2, weights, _ = case(tokens, 6, 2, ids=ids)
     out = torch_moe.grouped_moe(x, w13, w2, weights, ids)
-    assert taken == ["_per_expert"]
+    assert taken == [expected_branch]
     torch.testing.assert_close(out.double(), moe_reference(x, w13, w2, weights, ids).double(), rtol=1e-5, atol=1e-5)
 
 
