@@ -26,9 +26,9 @@ MAX_EXAMPLES = "20"  # per operation; the run takes about 30 s on 2 cores
 
 @pytest.fixture(scope="module")
 def contract_server(launch_server):
-    # generated requests that leave max_tokens / max_output_tokens out stop after 16 tokens,
+    # generated requests that leave max_tokens / max_output_tokens out stop after 4 tokens,
     # not at the end of the 256-token context: /v1/responses alone took 270 s without it
-    return launch_server("--max-model-len", "256", "--kv-cache-memory-gib", "0.1", "--max-tokens-default", "16")
+    return launch_server("--max-model-len", "256", "--kv-cache-memory-gib", "0.1", "--max-tokens-default", "4")
 
 
 def run_schemathesis(url: str, workdir: Path) -> subprocess.CompletedProcess:

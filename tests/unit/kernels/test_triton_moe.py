@@ -113,14 +113,18 @@ def test_no_tokens(device):
     assert fused_moe(x, w13, w2, weights, ids).shape == (0, 48)
 
 
-def test_large_batch_compiled(device):
-    """A prefill-sized batch with the GPU's own tile choice (block_m 64 at 64 pairs per
-    expert); too slow for the interpreter."""
+def test_large_batch_with_the_gpus_tiles(device):
+    """A prefill-sized batch (64 pairs per expert) with the tiles the compiled path picks
+    for it (block_m 64, bf16): 512 tokens on a GPU; on CPU, where the interpreter is slow,
+    128 tokens over 4 experts, the same pairs per expert, with those tiles given."""
     if device == "cpu":
-        pytest.skip("compiled kernels only (TRITON_INTERPRET=0 on a GPU)")
-    args = _case(512, 16, 2, 256, 192, torch.bfloat16, device, seed=9)
-    assert choose_config(1024, 16, torch.bfloat16).block_m == 64
-    reference.assert_close(fused_moe(*args), reference.moe_reference(*args), torch.bfloat16)
+        args = _case(128, 4, 2, 64, 48, torch.bfloat16, device, seed=9)
+        out = fused_moe(*args, config=MoEConfig(64, 64, 64, num_warps=8))
+    else:
+        args = _case(512, 16, 2, 256, 192, torch.bfloat16, device, seed=9)
+        assert choose_config(1024, 16, torch.bfloat16).block_m == 64
+        out = fused_moe(*args)
+    reference.assert_close(out, reference.moe_reference(*args), torch.bfloat16)
 
 
 # --- the align step ------------------------------------------------------------------
