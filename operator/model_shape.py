@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmservice.operator.catalog import Architecture
+from llmservice.server.model.sources import dense_mlp_layers
 
 # model_type values whose attention has q/k/v biases without saying so in the config.
 BIASED_QKV = frozenset({"qwen2", "qwen2_moe", "qwen2_vl"})
@@ -91,12 +92,9 @@ def _moe_shape(cfg: dict[str, Any], layers: int, mlp: int) -> dict[str, Any]:
     expert = _int(cfg, "moe_intermediate_size", default=0)
     if not expert:
         return {}
-    step = _int(cfg, "decoder_sparse_step", default=1)
-    only = {i for i in cfg.get("mlp_only_layers") or () if isinstance(i, int)}
-    dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
     return {
         "intermediate_size": expert,
-        "num_dense_layers": dense,
+        "num_dense_layers": len(dense_mlp_layers(cfg, layers)),
         "dense_intermediate_size": mlp,
         "shared_expert_intermediate_size": _int(cfg, "shared_expert_intermediate_size", default=0),
     }

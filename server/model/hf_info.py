@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmservice.server.model.config import ModelConfig
 from llmservice.server.model.loaded import TokenizerSource, UnsupportedModelError
-from llmservice.server.model.sources import ARCHITECTURES, architecture_problem
+from llmservice.server.model.sources import ARCHITECTURES, architecture_problem, dense_mlp_layers
 
 log = logging.getLogger("llmservice.server.model.hf_loader")
 _ARCHS = ARCHITECTURES
@@ -67,9 +67,6 @@ def moe_fields(arch: str, cfg: dict) -> dict:
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     if arch not in ("qwen2_moe", "qwen3_moe") or not experts:
         return {}
-    step = int(cfg.get("decoder_sparse_step") or 1)
-    only_dense = {int(n) for n in cfg.get("mlp_only_layers") or []}
-    dense = [n for n in range(cfg["num_hidden_layers"]) if n in only_dense or (n + 1) % step]
     return dict(
         num_experts=int(experts),
         num_experts_per_tok=int(cfg["num_experts_per_tok"]),
@@ -77,7 +74,7 @@ def moe_fields(arch: str, cfg: dict) -> dict:
         norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
         if arch == "qwen2_moe" else 0,
-        dense_mlp_layers=dense,
+        dense_mlp_layers=dense_mlp_layers(cfg, cfg["num_hidden_layers"]),
     )
 
 

@@ -118,7 +118,7 @@ def moe_rank_weight_elements(config: ModelConfig, world: World) -> int:
     h = config.hidden_size
     n = expert_shard(config, world).length
     total = config.num_experts * h + config.num_experts * 3 * h * n
-    if config.architecture == "qwen2_moe" and config.shared_expert_intermediate_size:
+    if config.shared_expert_intermediate_size:
         shared = even_shard(config.shared_expert_intermediate_size, world, "shared_expert_intermediate_size")
         total += 3 * h * shared.length + h
     return total

@@ -40,6 +40,16 @@ class BadHubRefError(ValueError):
     pass
 
 
+def dense_mlp_layers(cfg: dict, num_layers: int) -> list[int]:
+    """The layers of a Qwen-MoE config.json that keep a dense MLP instead of experts, as
+    transformers builds them: those in `mlp_only_layers`, and layer i when (i + 1) is not
+    a multiple of `decoder_sparse_step`. The server's loader and the operator's VRAM plan
+    both count layers with this."""
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    only = {int(n) for n in cfg.get("mlp_only_layers") or () if isinstance(n, int)}
+    return [n for n in range(num_layers) if n in only or (n + 1) % step]
+
+
 def architecture_problem(archs: list[str]) -> str | None:
     """Why config.json's `architectures` cannot run here, or None."""
     if any(a in ARCHITECTURES for a in archs):
